@@ -1,0 +1,39 @@
+"""Ring allreduce: a reduce-scatter, then an allgather, around the ring of ranks.
+
+The count is split into one chunk per rank. In each of the N-1 reduce-scatter
+steps a rank sends one chunk to its right neighbour and adds the chunk coming
+from its left neighbour; afterwards rank r holds the total of chunk r+1. In
+each of the N-1 allgather steps it passes a finished chunk on to the right.
+Every rank sends and receives 2(N-1)/N of the data, whatever N.
+"""
+
+from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks
+
+
+def ring_allreduce(nranks: int, rank: int, count: int) -> Schedule:
+    b = ScheduleBuilder("ring", nranks, rank, count)
+    chunks = even_chunks(count, nranks)
+
+    def chunk(buffer: str, index: int) -> Ref:
+        return Ref(buffer, *chunks[index % nranks])
+
+    for index in range(nranks):
+        b.copy(chunk(OUTPUT, index), chunk(INPUT, index))
+
+    # Two receive slots, so the next chunk can arrive while this one is added.
+    largest = max(size for _, size in chunks)
+    incoming = b.scratch("incoming", 2 * largest)
+    right, left = (rank + 1) % nranks, (rank - 1) % nranks
+
+    for step in range(nranks - 1):
+        b.send(right, chunk(OUTPUT, rank - step))
+        arriving = chunk(OUTPUT, rank - step - 1)
+        slot = Ref(incoming.buffer, (step % 2) * largest, arriving.count)
+        b.recv(left, slot)
+        b.reduce(arriving, slot)
+
+    for step in range(nranks - 1):
+        b.send(right, chunk(OUTPUT, rank + 1 - step))
+        b.recv(left, chunk(OUTPUT, rank - step))
+
+    return b.build()

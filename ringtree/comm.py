@@ -1,0 +1,46 @@
+"""Per-communicator state: a private duplicate for ringtree's messages, and a call counter.
+
+The state is cached as an MPI attribute of the user's communicator, so it is
+created once (collectively, at the first ringtree call on that communicator)
+and freed with it.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+_keyval: int | None = None
+
+
+class CommState:
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm.Dup()
+        name = comm.Get_name() or "comm"
+        self.comm.Set_name(f"ringtree({name})")
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.tags = min(comm.Get_attr(MPI.TAG_UB), 1 << 30) + 1
+        self.calls = 0
+
+    def next_tag(self) -> int:
+        """A tag for the next collective: ranks call collectives in the same order, so they agree."""
+        tag = self.calls % self.tags
+        self.calls += 1
+        return tag
+
+
+def _free(comm, keyval, state) -> int:
+    if not MPI.Is_finalized():
+        state.comm.Free()
+    return MPI.SUCCESS
+
+
+def comm_state(comm: MPI.Comm) -> CommState:
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
+    state = comm.Get_attr(_keyval)
+    if state is None:
+        state = CommState(comm)
+        comm.Set_attr(_keyval, state)
+    return state

@@ -1,0 +1,67 @@
+"""Reduction operations: what the user may pass as `op`, and which dtypes each one accepts."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+from mpi4py import MPI
+
+
+class ReduceOp(Enum):
+    SUM = "sum"
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    LAND = "land"
+    LOR = "lor"
+    LXOR = "lxor"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+
+
+_MPI_OPS = [
+    (MPI.SUM, ReduceOp.SUM), (MPI.PROD, ReduceOp.PROD), (MPI.MIN, ReduceOp.MIN), (MPI.MAX, ReduceOp.MAX),
+    (MPI.LAND, ReduceOp.LAND), (MPI.LOR, ReduceOp.LOR), (MPI.LXOR, ReduceOp.LXOR),
+    (MPI.BAND, ReduceOp.BAND), (MPI.BOR, ReduceOp.BOR), (MPI.BXOR, ReduceOp.BXOR),
+]
+_STRING_OPS = {op.value: op for op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)}
+
+# numpy dtype kinds: b bool, i signed, u unsigned, f floating, c complex.
+# The same pairs MPI allows for its predefined ops, plus float16 and avg.
+_KINDS = {
+    ReduceOp.SUM: "iufc", ReduceOp.PROD: "iufc", ReduceOp.AVG: "fc",
+    ReduceOp.MIN: "iuf", ReduceOp.MAX: "iuf",
+    ReduceOp.LAND: "biu", ReduceOp.LOR: "biu", ReduceOp.LXOR: "biu",
+    ReduceOp.BAND: "iu", ReduceOp.BOR: "iu", ReduceOp.BXOR: "iu",
+}
+_KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f": "floating", "c": "complex"}
+
+
+def parse_op(op) -> ReduceOp:
+    """An MPI.Op among MPI's predefined ones, or one of the strings sum, prod, min, max, avg."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return _STRING_OPS[op.lower()]
+        except KeyError:
+            raise ValueError(f"unknown op {op!r}; use one of {sorted(_STRING_OPS)} or an MPI.Op") from None
+    if isinstance(op, MPI.Op):
+        for mpi_op, ours in _MPI_OPS:
+            if op == mpi_op:
+                return ours
+        raise ValueError(f"unsupported MPI.Op {op!r}: ringtree supports "
+                         "SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR")
+    raise TypeError(f"op must be an MPI.Op or a string, got {type(op).__name__}")
+
+
+def check_dtype(dtype: np.dtype, op: ReduceOp) -> None:
+    """Raise TypeError unless `op` is defined on `dtype`."""
+    if dtype.kind not in _KIND_NAMES:
+        raise TypeError(f"dtype {dtype} cannot be reduced: ringtree reduces bool and numeric dtypes")
+    if dtype.kind not in _KINDS[op]:
+        allowed = ", ".join(_KIND_NAMES[k] for k in _KINDS[op])
+        raise TypeError(f"op {op.value} is not defined for dtype {dtype}; it takes {allowed} dtypes")

@@ -1,0 +1,195 @@
+"""The schedule IR: one rank's part of a collective as plain, immutable data.
+
+A schedule lists operations on regions of named buffers. Each op names the
+earlier ops of the same rank it depends on; across ranks, order comes only from
+a SEND matching a RECV between the same pair of ranks, in posting order (MPI's
+non-overtaking rule). The engine, the verifier and every other consumer read
+this data; nothing here knows about MPI or arrays.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from enum import Enum
+
+INPUT = "input"
+OUTPUT = "output"
+
+
+class OpKind(Enum):
+    SEND = "send"  # send src to peer
+    RECV = "recv"  # receive from peer into dst
+    REDUCE = "reduce"  # dst <- dst (+) src
+    COPY = "copy"  # dst <- src
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A region of a buffer, in elements."""
+
+    buffer: str
+    offset: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.count
+
+    def __str__(self) -> str:
+        return f"{self.buffer}[{self.offset}:{self.end}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    kind: OpKind
+    dst: Ref | None = None  # region written (RECV, REDUCE, COPY)
+    src: Ref | None = None  # region read (SEND, REDUCE, COPY)
+    peer: int | None = None  # SEND and RECV only
+    deps: tuple[int, ...] = ()  # indices of earlier ops of this rank
+
+    def __str__(self) -> str:
+        if self.kind is OpKind.SEND:
+            return f"send {self.src} to {self.peer}"
+        if self.kind is OpKind.RECV:
+            return f"recv {self.dst} from {self.peer}"
+        return f"{self.kind.value} {self.dst} <- {self.src}"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One rank's ops for one collective over `count` elements.
+
+    `scratch` declares the scratch buffers (name, size in elements) that ops
+    may use besides INPUT and OUTPUT, both of size `count`.
+    """
+
+    algorithm: str
+    nranks: int
+    rank: int
+    count: int
+    scratch: tuple[tuple[str, int], ...]
+    ops: tuple[Op, ...]
+
+    def buffer_sizes(self) -> dict[str, int]:
+        return {INPUT: self.count, OUTPUT: self.count, **dict(self.scratch)}
+
+
+class _Hazards:
+    """Last writer and readers since, per element range of one buffer."""
+
+    def __init__(self, size: int) -> None:
+        self.starts = [0]
+        self.writer: list[int | None] = [None]
+        self.readers: list[list[int]] = [[]]
+        self.size = size
+
+    def _split(self, at: int) -> int:
+        i = bisect.bisect_right(self.starts, at) - 1
+        if self.starts[i] == at:
+            return i
+        self.starts.insert(i + 1, at)
+        self.writer.insert(i + 1, self.writer[i])
+        self.readers.insert(i + 1, list(self.readers[i]))
+        return i + 1
+
+    def _span(self, ref: Ref) -> range:
+        first = self._split(ref.offset)
+        if ref.end < self.size:
+            self._split(ref.end)
+        last = bisect.bisect_left(self.starts, ref.end)
+        return range(first, last)
+
+    def deps(self, ref: Ref, write: bool) -> set[int]:
+        found: set[int] = set()
+        for i in self._span(ref):
+            if self.writer[i] is not None:
+                found.add(self.writer[i])
+            if write:
+                found.update(self.readers[i])
+        return found
+
+    def record(self, ref: Ref, op: int, write: bool) -> None:
+        for i in self._span(ref):
+            if write:
+                self.writer[i] = op
+                self.readers[i] = []
+            else:
+                self.readers[i].append(op)
+
+
+class ScheduleBuilder:
+    """Builds a schedule from ops listed in a valid sequential order.
+
+    Dependencies are derived from the regions each op reads and writes (read
+    after write, write after read, write after write), so a generator lists
+    what happens and the builder works out what may overlap. INPUT is tracked
+    as if it were OUTPUT, so every schedule is also correct in place, when the
+    two are the same memory. Ops on empty regions are dropped.
+    """
+
+    def __init__(self, algorithm: str, nranks: int, rank: int, count: int) -> None:
+        if nranks < 1 or not 0 <= rank < nranks or count < 0:
+            raise ValueError(f"bad schedule shape: nranks={nranks} rank={rank} count={count}")
+        self.algorithm, self.nranks, self.rank, self.count = algorithm, nranks, rank, count
+        self._sizes = {INPUT: count, OUTPUT: count}
+        self._scratch: list[tuple[str, int]] = []
+        self._hazards = {OUTPUT: _Hazards(count)}
+        self._ops: list[Op] = []
+
+    def scratch(self, name: str, count: int) -> Ref:
+        """Declare a scratch buffer and return a ref to all of it."""
+        if name in self._sizes:
+            raise ValueError(f"buffer {name!r} declared twice")
+        self._sizes[name] = count
+        self._scratch.append((name, count))
+        self._hazards[name] = _Hazards(count)
+        return Ref(name, 0, count)
+
+    def send(self, peer: int, src: Ref) -> None:
+        self._add(Op(OpKind.SEND, src=src, peer=self._peer(peer)))
+
+    def recv(self, peer: int, dst: Ref) -> None:
+        self._add(Op(OpKind.RECV, dst=dst, peer=self._peer(peer)))
+
+    def reduce(self, dst: Ref, src: Ref) -> None:
+        self._add(Op(OpKind.REDUCE, dst=dst, src=src))
+
+    def copy(self, dst: Ref, src: Ref) -> None:
+        self._add(Op(OpKind.COPY, dst=dst, src=src))
+
+    def build(self) -> Schedule:
+        return Schedule(self.algorithm, self.nranks, self.rank, self.count,
+                        tuple(self._scratch), tuple(self._ops))
+
+    def _peer(self, peer: int) -> int:
+        if not 0 <= peer < self.nranks or peer == self.rank:
+            raise ValueError(f"rank {self.rank} of {self.nranks}: bad peer {peer}")
+        return peer
+
+    def _add(self, op: Op) -> None:
+        regions = [(ref, ref is op.dst) for ref in (op.src, op.dst) if ref is not None]
+        for ref, _ in regions:
+            if ref.count == 0:
+                return
+            if ref.buffer not in self._sizes or ref.offset < 0 or ref.end > self._sizes[ref.buffer]:
+                raise ValueError(f"rank {self.rank}: {op} is out of bounds")
+        if op.src is not None and op.dst is not None and op.src.count != op.dst.count:
+            raise ValueError(f"rank {self.rank}: {op} has regions of different sizes")
+        index = len(self._ops)
+        deps: set[int] = set()
+        for ref, write in regions:
+            deps |= self._tracker(ref).deps(ref, write)
+        for ref, write in regions:
+            self._tracker(ref).record(ref, index, write)
+        self._ops.append(Op(op.kind, op.dst, op.src, op.peer, tuple(sorted(deps))))
+
+    def _tracker(self, ref: Ref) -> _Hazards:
+        return self._hazards[OUTPUT if ref.buffer == INPUT else ref.buffer]
+
+
+def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(count) into `parts` contiguous (offset, size) chunks differing by at most one."""
+    bounds = [i * count // parts for i in range(parts + 1)]
+    return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+

@@ -1,0 +1,159 @@
+"""Check a collective's schedules for all ranks without MPI, by executing them on symbolic data.
+
+Every element of every buffer holds a vector of counts: how many times each
+rank's input has been added into it. Ranks run together as the engine would
+run them, with sends that complete only once their receive is posted, so a
+schedule that could deadlock is caught. At the end every rank's output must
+hold every rank's input exactly once, in every element.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from .algorithms import ALGORITHMS
+from .schedule import INPUT, OUTPUT, OpKind, Schedule
+
+
+class ScheduleError(AssertionError):
+    """A schedule that does not compute an allreduce, or could hang."""
+
+
+def allreduce_schedules(algorithm: str, nranks: int, count: int) -> list[Schedule]:
+    generate = ALGORITHMS[algorithm]
+    return [generate(nranks, rank, count) for rank in range(nranks)]
+
+
+def verify(algorithm: str, nranks: int, count: int) -> None:
+    verify_schedules(allreduce_schedules(algorithm, nranks, count))
+
+
+def verify_schedules(schedules: Sequence[Schedule]) -> None:
+    nranks = len(schedules)
+    ranks = [_SymbolicRank(s, nranks) for s in schedules]
+    for r, s in enumerate(schedules):
+        if (s.rank, s.nranks) != (r, nranks):
+            raise ScheduleError(f"schedule {r} claims to be rank {s.rank} of {s.nranks}")
+        _check_deps(s)
+
+    posted: dict[tuple[OpKind, int, int], deque[tuple[int, int]]] = {}
+    while True:
+        progressed = False
+        for rank in ranks:
+            for i in rank.post_ready():
+                op = rank.schedule.ops[i]
+                sender, receiver = (rank.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, rank.rank)
+                posted.setdefault((op.kind, sender, receiver), deque()).append((rank.rank, i))
+                progressed = True
+        for (kind, sender, receiver), sends in posted.items():
+            if kind is not OpKind.SEND:
+                continue
+            recvs = posted.get((OpKind.RECV, sender, receiver))
+            while sends and recvs:
+                _, si = sends.popleft()
+                _, ri = recvs.popleft()
+                _deliver(ranks[sender], si, ranks[receiver], ri)
+                progressed = True
+        if not progressed:
+            break
+
+    stuck = [f"rank {r.rank} op {i} ({r.schedule.ops[i]})" for r in ranks for i in r.unfinished()]
+    if stuck:
+        raise ScheduleError("deadlock: these ops can never finish: " + "; ".join(stuck[:8]))
+    for rank in ranks:
+        rank.check_result()
+
+
+def _check_deps(s: Schedule) -> None:
+    sizes = s.buffer_sizes()
+    for i, op in enumerate(s.ops):
+        if any(not 0 <= d < i for d in op.deps):
+            raise ScheduleError(f"rank {s.rank} op {i} ({op}) depends on a later op: {op.deps}")
+        for ref in (op.src, op.dst):
+            if ref is not None and (ref.buffer not in sizes or ref.offset < 0 or ref.end > sizes[ref.buffer]):
+                raise ScheduleError(f"rank {s.rank} op {i} ({op}) is out of bounds")
+
+
+def _deliver(sender: "_SymbolicRank", si: int, receiver: "_SymbolicRank", ri: int) -> None:
+    send, recv = sender.schedule.ops[si], receiver.schedule.ops[ri]
+    if send.src.count != recv.dst.count:
+        raise ScheduleError(
+            f"rank {sender.rank} op {si} sends {send.src.count} elements but rank {receiver.rank} "
+            f"op {ri} receives {recv.dst.count}")
+    receiver.write(recv.dst, sender.read(send.src, si), ri)
+    sender.finish(si)
+    receiver.finish(ri)
+
+
+class _SymbolicRank:
+    def __init__(self, schedule: Schedule, nranks: int) -> None:
+        self.schedule, self.rank, self.nranks = schedule, schedule.rank, nranks
+        self.buffers = {name: np.zeros((size, nranks), np.int64) for name, size in schedule.buffer_sizes().items()}
+        self.defined = {name: np.zeros(size, bool) for name, size in schedule.buffer_sizes().items()}
+        self.buffers[INPUT][:, self.rank] = 1
+        self.defined[INPUT][:] = True
+        self.done = [False] * len(schedule.ops)
+        self.posted = [False] * len(schedule.ops)
+        self.last_posted: dict[tuple[OpKind, int], int] = {}
+        self.channel_prev: list[int | None] = []
+        for i, op in enumerate(schedule.ops):
+            key = (op.kind, op.peer)
+            self.channel_prev.append(self.last_posted.get(key) if op.peer is not None else None)
+            if op.peer is not None:
+                self.last_posted[key] = i
+
+    def post_ready(self) -> list[int]:
+        """Run every ready local op; return the messages that became ready to post."""
+        new_messages = []
+        progressed = True
+        while progressed:
+            progressed = False
+            for i, op in enumerate(self.schedule.ops):
+                if self.posted[i] or not all(self.done[d] for d in op.deps):
+                    continue
+                prev = self.channel_prev[i]
+                if prev is not None and not self.posted[prev]:
+                    continue
+                self.posted[i] = True
+                progressed = True
+                if op.kind is OpKind.COPY:
+                    self.write(op.dst, self.read(op.src, i), i)
+                    self.finish(i)
+                elif op.kind is OpKind.REDUCE:
+                    self.write(op.dst, self.read(op.dst, i) + self.read(op.src, i), i)
+                    self.finish(i)
+                else:
+                    new_messages.append(i)
+        return new_messages
+
+    def read(self, ref, i):
+        if not self.defined[ref.buffer][ref.offset:ref.end].all():
+            first = ref.offset + int(np.argmin(self.defined[ref.buffer][ref.offset:ref.end]))
+            raise ScheduleError(
+                f"rank {self.rank} op {i} ({self.schedule.ops[i]}) reads {ref.buffer}[{first}] before anything was written there")
+        return self.buffers[ref.buffer][ref.offset:ref.end].copy()
+
+    def write(self, ref, values, i):
+        if ref.buffer == INPUT:
+            raise ScheduleError(f"rank {self.rank} op {i} ({self.schedule.ops[i]}) writes the input")
+        self.buffers[ref.buffer][ref.offset:ref.end] = values
+        self.defined[ref.buffer][ref.offset:ref.end] = True
+
+    def finish(self, i):
+        self.done[i] = True
+
+    def unfinished(self):
+        return [i for i, d in enumerate(self.done) if not d]
+
+    def check_result(self):
+        out = self.buffers[OUTPUT]
+        wrong = np.flatnonzero(~self.defined[OUTPUT] | (out != 1).any(axis=1))
+        if wrong.size:
+            e = int(wrong[0])
+            held = {r: int(c) for r, c in enumerate(out[e]) if c} if self.defined[OUTPUT][e] else "nothing"
+            raise ScheduleError(
+                f"rank {self.rank}: output[{e}] holds contributions {held} (rank: times), "
+                f"not every rank's input once ({wrong.size} wrong elements)")

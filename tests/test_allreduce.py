@@ -1,0 +1,212 @@
+"""allreduce against the MPI library's own Allreduce, on every rank, for every op and dtype."""
+
+import hashlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ringtree.algorithms import ALGORITHMS as CATALOGUE
+from ringtree.allreduce import allreduce, iallreduce
+from ringtree.ops import ReduceOp, check_dtype
+
+from conftest import assert_everywhere, same_on_all_ranks
+
+pytestmark = pytest.mark.mpi
+
+ALGORITHMS = sorted(CATALOGUE) + ["auto"]
+DTYPES = [np.dtype(t) for t in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "longdouble", "complex64", "complex128", "clongdouble")]
+# Every op a user may pass (MPI.Op objects and strings), with what it means.
+OPS = [
+    (MPI.SUM, ReduceOp.SUM), (MPI.PROD, ReduceOp.PROD), (MPI.MIN, ReduceOp.MIN), (MPI.MAX, ReduceOp.MAX),
+    (MPI.LAND, ReduceOp.LAND), (MPI.LOR, ReduceOp.LOR), (MPI.LXOR, ReduceOp.LXOR),
+    (MPI.BAND, ReduceOp.BAND), (MPI.BOR, ReduceOp.BOR), (MPI.BXOR, ReduceOp.BXOR),
+    ("sum", ReduceOp.SUM), ("prod", ReduceOp.PROD), ("min", ReduceOp.MIN), ("max", ReduceOp.MAX),
+    ("avg", ReduceOp.AVG),
+]
+NATIVE = {ReduceOp.AVG: MPI.SUM, **{kind: op for op, kind in OPS if isinstance(op, MPI.Op)}}
+
+
+def supported(kind, dtype):
+    try:
+        check_dtype(dtype, kind)
+        return True
+    except TypeError:
+        return False
+
+
+def exact_inputs(kind, dtype, count, rank, seed):
+    """Inputs whose reduction is exact in floating point, so any order gives the native result."""
+    rng = np.random.default_rng([seed, rank, count, dtype.num])
+    if dtype.kind == "b":
+        return rng.integers(0, 2, count).astype(bool)
+    if kind is ReduceOp.PROD:
+        values = rng.choice([1, 1, 2, -1] if dtype.kind != "u" else [1, 1, 2, 3], count)
+        if dtype.kind in "fc":
+            values = values * rng.choice([1.0, 0.5], count)
+    elif kind in (ReduceOp.LAND, ReduceOp.LOR, ReduceOp.LXOR):
+        values = rng.choice([0, 0, 1, 2], count)
+    else:
+        values = rng.integers(0 if dtype.kind == "u" else -9, 10, count)
+    data = values.astype(dtype)
+    if dtype.kind == "c":
+        if kind is ReduceOp.PROD:
+            data *= rng.choice(np.array([1, 1j, -1j], dtype), count)  # rotations keep products exact
+        else:
+            data.imag = rng.integers(-9, 10, count)
+    return data
+
+
+def _wire(data):
+    """What native MPI reduces for `data`: float16 goes as float32 (exact for our inputs)."""
+    return data.astype(np.float32) if data.dtype == np.float16 else data
+
+
+def _native_result(comm, wire, kind, dtype):
+    if kind is ReduceOp.AVG:
+        wire /= comm.Get_size()
+    return wire.astype(dtype)
+
+
+def native_allreduce(comm, data, kind=ReduceOp.SUM):
+    """The MPI library's own Allreduce of the same data."""
+    wire = _wire(data)
+    result = np.empty_like(wire)
+    comm.Allreduce(wire, result, NATIVE[kind])
+    return _native_result(comm, result, kind, data.dtype)
+
+
+def check_against_native(comm, algorithm, count, cases, batch=None):
+    """Run every case through native Iallreduce and ringtree iallreduce, all in flight at once
+    (in batches of `batch` cases), and compare on every rank."""
+    batch = batch or len(cases)
+    failures = []
+    for first in range(0, len(cases), batch):
+        failures += _check_batch(comm, algorithm, count, cases[first:first + batch])
+    assert_everywhere(comm, failures)
+
+
+def _check_batch(comm, algorithm, count, cases):
+    inputs = [exact_inputs(kind, dtype, count, comm.Get_rank(), seed=1) for (_, kind), dtype, _ in cases]
+    wires = [_wire(data) for data in inputs]
+    natives = [np.empty_like(w) for w in wires]
+    MPI.Request.Waitall([comm.Iallreduce(w, out, NATIVE[kind])
+                         for w, out, ((_, kind), _, _) in zip(wires, natives, cases)])
+    originals = [data.copy() for data in inputs]
+    requests, outputs = [], []
+    for data, ((op, _), _, inplace) in zip(inputs, cases):
+        if inplace:
+            outputs.append(data.copy())
+            requests.append(iallreduce(MPI.IN_PLACE, outputs[-1], op, comm=comm, algorithm=algorithm))
+        else:
+            outputs.append(None)
+            requests.append(iallreduce(data, op=op, comm=comm, algorithm=algorithm))
+    results = [r.wait() for r in requests]
+
+    failures = []
+    for ((op, kind), dtype, inplace), data, original, result, out, native in zip(
+            cases, inputs, originals, results, outputs, natives):
+        what = f"{kind.value} {dtype} inplace={inplace}"
+        expected = _native_result(comm, native, kind, dtype)
+        if out is not None and result is not out:
+            failures.append(f"{what}: did not return recvbuf")
+        if not np.array_equal(data, original):
+            failures.append(f"{what}: sendbuf was modified")
+        if result.dtype != dtype or result.shape != data.shape:
+            failures.append(f"{what}: result is {result.dtype}{result.shape}")
+        elif not np.array_equal(result, expected):  # by value: long double has padding bytes
+            wrong = np.flatnonzero(result != expected)
+            failures.append(f"{what}: {wrong.size} elements differ from native, first at {wrong[:1]}: "
+                            f"{result[wrong[:1]]} != {expected[wrong[:1]]}")
+    digests = [hashlib.sha256(np.ascontiguousarray(r).tobytes()).digest() for r in results]
+    everyone = comm.allgather(digests)
+    failures += [f"{kind.value} {dtype} inplace={inplace}: ranks disagree"
+                 for i, ((_, kind), dtype, inplace) in enumerate(cases) if len({d[i] for d in everyone}) > 1]
+    return failures
+
+
+def _every_pair():
+    return [(op, dtype) for op in OPS for dtype in DTYPES if supported(op[1], dtype)]
+
+
+def _every_case():
+    return [(op, dtype, inplace) for op, dtype in _every_pair() for inplace in (False, True)]
+
+
+def _small_counts(nranks):
+    return sorted({0, 1, max(nranks - 1, 0), nranks, nranks + 1, 61})
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_op_and_dtype_at_small_counts(comm, algorithm):
+    for count in _small_counts(comm.Get_size()):
+        check_against_native(comm, algorithm, count, _every_case())
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_op_and_dtype_at_a_mebi_element_count(comm, algorithm):
+    # 2**20 + 3: not a multiple of any rank count above 1, so ring chunks are uneven. Each op and
+    # dtype pair runs once, in place and out of place alternately (both are run for every pair above).
+    count = (1 << 20) + 3
+    cases = [(op, dtype, i % 2 == 1) for i, (op, dtype) in enumerate(_every_pair())]
+    check_against_native(comm, algorithm, count, cases, batch=8)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_random_floats_are_bitwise_equal_on_all_ranks_and_repeatable(comm, algorithm):
+    data = np.random.default_rng(comm.Get_rank()).standard_normal((3, 1000, 7)).astype(np.float32)
+    first = allreduce(data, comm=comm, algorithm=algorithm)
+    again = allreduce(data, comm=comm, algorithm=algorithm)
+    expected = native_allreduce(comm, data)
+    failures = []
+    if not same_on_all_ranks(comm, first):
+        failures.append("ranks disagree")
+    if not np.array_equal(first, again):
+        failures.append("a repetition gave other bits")
+    if not np.allclose(first, expected, rtol=1e-5, atol=1e-5):
+        failures.append("far from native")
+    assert_everywhere(comm, failures)
+
+
+def test_many_outstanding_iallreduce_waited_in_reverse(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    shapes = [(0,), (1,), (size + 1,), (1000,), (64, 1024), (7, 3), (100_003,)]
+    inputs = [np.full(shape, rank + i, np.int64) for i, shape in enumerate(shapes)]
+    requests = [iallreduce(x, comm=comm, algorithm=ALGORITHMS[i % len(ALGORITHMS)]) for i, x in enumerate(inputs)]
+    requests.append(iallreduce(MPI.IN_PLACE, inputs[-1].copy(), "max", comm=comm))
+    done_early = requests[0].test()
+    results = [r.wait() for r in reversed(requests)][::-1]
+    failures = [] if done_early else ["an empty allreduce was not done at once"]
+    for i, (x, got) in enumerate(zip(inputs, results[:-1])):
+        if got.shape != x.shape or not (got == sum(range(i, i + size))).all():
+            failures.append(f"request {i} wrong")
+    if not (results[-1] == size - 1 + len(shapes) - 1).all():
+        failures.append("in-place max wrong")
+    assert_everywhere(comm, failures)
+
+
+def test_recvbuf_is_filled_and_returned(comm):
+    data = np.arange(12, dtype=np.float64).reshape(3, 4)
+    out = np.zeros_like(data)
+    returned = allreduce(data, out, comm=comm)
+    assert_everywhere(comm, [] if returned is out and (out == data * comm.Get_size()).all() else ["wrong"])
+
+
+def test_passing_the_same_array_twice_reduces_in_place(comm):
+    data = np.ones(10, np.int32)
+    allreduce(data, data, comm=comm)
+    assert_everywhere(comm, [] if (data == comm.Get_size()).all() else [f"got {data}"])
+
+
+def test_sub_communicators(comm):
+    half = comm.Split(comm.Get_rank() % 2, comm.Get_rank())
+    try:
+        data = np.full(33, comm.Get_rank(), np.int64)
+        expected = np.empty_like(data)
+        half.Allreduce(data, expected)
+        got = allreduce(data, comm=half, algorithm="ring")
+        assert_everywhere(comm, [] if np.array_equal(got, expected) else ["wrong on the split"])
+    finally:
+        half.Free()

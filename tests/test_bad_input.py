@@ -1,0 +1,141 @@
+"""Bad arguments raise on every rank before any message is sent, and leave the buffers alone."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringtree
+from ringtree.allreduce import allreduce, iallreduce
+from ringtree.comm import comm_state
+
+from conftest import assert_everywhere
+
+pytestmark = pytest.mark.mpi
+
+
+def _read_only(array):
+    array.flags.writeable = False
+    return array
+
+
+def _user_op():
+    return MPI.Op.Create(lambda a, b, t: None, commute=True)
+
+
+# (id, sendbuf, recvbuf, keyword arguments, exception, words the message must contain)
+CASES = [
+    ("non-contiguous sendbuf", lambda: np.arange(10.0)[::2], None, {}, ValueError, "sendbuf is not C-contiguous"),
+    ("non-contiguous recvbuf", lambda: np.arange(5.0), lambda: np.zeros(10)[::2], {}, ValueError,
+     "recvbuf is not C-contiguous"),
+    ("Fortran-ordered sendbuf", lambda: np.asfortranarray(np.ones((3, 4))), None, {}, ValueError, "C-contiguous"),
+    ("shapes differ", lambda: np.ones(6), lambda: np.zeros(7), {}, ValueError, "shape (6,) but recvbuf has shape (7,)"),
+    ("same size, other shape", lambda: np.ones((2, 3)), lambda: np.zeros(6), {}, ValueError, "shape"),
+    ("dtypes differ", lambda: np.ones(4, np.float32), lambda: np.zeros(4, np.float64), {}, TypeError,
+     "dtype float32 but recvbuf has dtype float64"),
+    ("read-only recvbuf", lambda: np.ones(4), lambda: _read_only(np.zeros(4)), {}, ValueError, "recvbuf is read-only"),
+    ("read-only in place", lambda: MPI.IN_PLACE, lambda: _read_only(np.ones(4)), {}, ValueError, "read-only"),
+    ("in place without recvbuf", lambda: MPI.IN_PLACE, None, {}, ValueError, "recvbuf must hold the input"),
+    ("object dtype", lambda: np.array([1, 2], dtype=object), None, {}, TypeError, "dtype object cannot be reduced"),
+    ("string dtype", lambda: np.array(["ab", "cd"]), None, {}, TypeError, "cannot be reduced"),
+    ("datetime dtype", lambda: np.array(["2026-01-01"], dtype="datetime64[D]"), None, {}, TypeError,
+     "cannot be reduced"),
+    ("BAND on floats", lambda: np.ones(4), None, {"op": MPI.BAND}, TypeError, "op band is not defined for dtype float64"),
+    ("MAX on complex", lambda: np.ones(4, complex), None, {"op": MPI.MAX}, TypeError, "max is not defined"),
+    ("avg on integers", lambda: np.ones(4, np.int32), None, {"op": "avg"}, TypeError, "avg is not defined"),
+    ("SUM on bool", lambda: np.ones(4, bool), None, {"op": MPI.SUM}, TypeError, "sum is not defined for dtype bool"),
+    ("LAND on floats", lambda: np.ones(4), None, {"op": MPI.LAND}, TypeError, "land is not defined"),
+    ("unknown op string", lambda: np.ones(4), None, {"op": "mean"}, ValueError, "unknown op 'mean'"),
+    ("user-defined MPI op", lambda: np.ones(4), None, {"op": "user"}, ValueError, "unsupported MPI.Op"),
+    ("op of the wrong type", lambda: np.ones(4), None, {"op": 3}, TypeError, "op must be an MPI.Op or a string"),
+    ("unknown algorithm", lambda: np.ones(4), None, {"algorithm": "butterfly"}, ValueError,
+     "unknown algorithm 'butterfly'"),
+    ("a list instead of an array", lambda: [1.0, 2.0], None, {}, TypeError, "sendbuf must be a numpy array, got list"),
+    ("overlapping buffers", "overlap", None, {}, ValueError, "overlap"),
+]
+
+
+def _arguments(make_send, make_recv):
+    if make_send == "overlap":
+        base = np.ones(10)
+        return base[:6], base[4:]
+    return make_send(), make_recv() if make_recv else None
+
+
+def _snapshot(*buffers):
+    return [b.copy() if isinstance(b, np.ndarray) else b for b in buffers]
+
+
+def _unchanged(before, after):
+    return all(not isinstance(a, np.ndarray) or np.array_equal(a, b)
+               for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("function", ["allreduce", "iallreduce"])
+@pytest.mark.parametrize("name, make_send, make_recv, kwargs, error, words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_raises_before_any_message(comm, function, name, make_send, make_recv, kwargs, error, words):
+    state = comm_state(comm)
+    calls_before = state.calls
+    sendbuf, recvbuf = _arguments(make_send, make_recv)
+    before = _snapshot(sendbuf, recvbuf)
+    if kwargs.get("op") == "user":
+        kwargs = {**kwargs, "op": _user_op()}
+    call = allreduce if function == "allreduce" else iallreduce
+    failures = []
+    with pytest.raises(error) as caught:
+        call(sendbuf, recvbuf, comm=comm, **kwargs)
+    message = str(caught.value)
+    for expected in (words, f"on rank {comm.Get_rank()}"):
+        if expected not in message:
+            failures.append(f"message {message!r} lacks {expected!r}")
+    if not _unchanged(before, [sendbuf, recvbuf]):
+        failures.append("a buffer was modified")
+    if state.calls != calls_before:
+        failures.append("a collective was started")
+    failures += _no_stray_messages_and_still_correct(comm, state)
+    assert_everywhere(comm, failures)
+
+
+def _no_stray_messages_and_still_correct(comm, state):
+    comm.Barrier()
+    failures = ["a message is waiting on ringtree's communicator"] if state.comm.Iprobe(MPI.ANY_SOURCE) else []
+    data = np.arange(5, dtype=np.int64) + comm.Get_rank()
+    expected = np.empty_like(data)
+    comm.Allreduce(data, expected)
+    if not np.array_equal(allreduce(data, comm=comm), expected):
+        failures.append("the next allreduce is wrong")
+    return failures
+
+
+def test_a_bad_communicator_raises(comm):
+    with pytest.raises(TypeError, match="intracommunicator"):
+        allreduce(np.ones(3), comm="world")
+    with pytest.raises(TypeError, match="intracommunicator"):
+        allreduce(np.ones(3), comm=MPI.COMM_NULL)
+    with pytest.raises(TypeError, match="intracommunicator"):
+        ringtree.Communicator(MPI.COMM_NULL)
+
+
+COMMUNICATOR_CASES = [
+    ("counts differ", lambda: (np.ones(4), np.zeros(5)), ValueError, "sendbuf has 4 elements but recvbuf has 5"),
+    ("derived datatype", lambda: ([np.ones(4), MPI.DOUBLE.Create_contiguous(2)], np.zeros(4)), TypeError,
+     "unsupported datatype"),
+    ("too many spec items", lambda: ([np.ones(4), 4, 0, MPI.DOUBLE, 1], np.zeros(4)), TypeError, "2 to 4 items"),
+    ("count beyond the buffer", lambda: ([np.ones(4), 5, MPI.DOUBLE], np.zeros(5)), ValueError, "does not fit"),
+    ("read-only bytes as recvbuf", lambda: (np.ones(1), bytes(8)), ValueError, "recvbuf is read-only"),
+    ("not a buffer", lambda: (np.ones(1), 3.0), TypeError, "expected a buffer or an array, got float"),
+]
+
+
+@pytest.mark.parametrize("name, make, error, words", COMMUNICATOR_CASES, ids=[c[0] for c in COMMUNICATOR_CASES])
+def test_communicator_rejects_bad_buffer_specs(comm, name, make, error, words):
+    state = comm_state(comm)
+    calls_before = state.calls
+    sendbuf, recvbuf = make()
+    with pytest.raises(error) as caught:
+        ringtree.Communicator(comm).Allreduce(sendbuf, recvbuf)
+    failures = [] if words in str(caught.value) and f"on rank {comm.Get_rank()}" in str(caught.value) \
+        else [f"message {caught.value} lacks {words!r}"]
+    if state.calls != calls_before:
+        failures.append("a collective was started")
+    failures += _no_stray_messages_and_still_correct(comm, state)
+    assert_everywhere(comm, failures)
