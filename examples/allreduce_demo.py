@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
-from ringtree.engine import compiled
+from ringtree.algorithms import ALGORITHMS
 from ringtree.schedule import OpKind
 from ringtree.selector import select
 
@@ -37,7 +37,7 @@ def main() -> None:
         print(f"{'algorithm':>10} {'rank 0 sends':>13} {'MiB':>7} {'median ms':>10} {'native ms':>10}  result")
     everything_right = True
     for choice in ("ring", "tree", "auto"):
-        algorithm = select(data.nbytes, size) if choice == "auto" else choice
+        algorithm = select(data.nbytes, size).algorithm if choice == "auto" else choice
         ours = timed(comm, args.repeat, lambda: allreduce(data, op=args.op, algorithm=choice))
         native = timed(comm, args.repeat, lambda: native_allreduce(comm, data, args.op))
         result = allreduce(data, op=args.op, algorithm=choice)
@@ -45,7 +45,7 @@ def main() -> None:
         identical = len(set(comm.allgather(hashlib.sha256(result.tobytes()).digest()))) == 1
         everything_right &= correct and identical
         if rank == 0:
-            sends = [op for op in compiled(algorithm, size, 0, data.size).schedule.ops if op.kind is OpKind.SEND]
+            sends = [op for op in ALGORITHMS[algorithm](size, 0, data.size).ops if op.kind is OpKind.SEND]
             mib = sum(op.src.count for op in sends) * data.itemsize / 2**20
             name = f"auto={algorithm}" if choice == "auto" else algorithm
             verdict = ("equal to MPI_Allreduce" if correct else "DIFFERS from MPI_Allreduce") + \

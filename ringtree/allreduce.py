@@ -6,21 +6,24 @@ input raises TypeError or ValueError and leaves the buffers untouched.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .backend import backend_for
 from .comm import comm_state
-from .engine import PROGRESS, Execution, compiled
-from .ops import check_dtype, parse_op
-from .schedule import INPUT, OUTPUT
-from .selector import select
+from .engine import PROGRESS, CompiledSchedule, Execution, compiled
+from .ops import ReduceOp, check_dtype, parse_op
+from .selector import WINDOW, select
 
 __all__ = ["allreduce", "iallreduce", "Request"]
 
 
 class Request:
     """A collective in flight. `wait()` returns the result array; `test()` says whether it is done."""
+
+    __slots__ = ("_execution", "_result")
 
     def __init__(self, execution: Execution, result) -> None:
         self._execution = execution
@@ -32,7 +35,8 @@ class Request:
         return self._execution.done
 
     def wait(self):
-        PROGRESS.wait(self._execution)
+        if not self._execution.done:
+            PROGRESS.wait(self._execution)
         return self._result
 
     # mpi4py's spelling, for code written against MPI.Request.
@@ -44,68 +48,102 @@ class Request:
         return True
 
 
-def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"):
+def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None):
     """Combine `sendbuf` from every rank of `comm` with `op`; every rank gets the result.
 
     `sendbuf` is a C-contiguous array, or MPI.IN_PLACE with the input in
     `recvbuf`. The result goes into `recvbuf` (a new array when None), which is
-    returned.
+    returned. `algorithm` is "auto" or a name from ringtree.algorithms.ALGORITHMS;
+    `segment` (bytes) overrides the pipeline's segment size.
     """
-    return iallreduce(sendbuf, recvbuf, op, comm=comm, algorithm=algorithm).wait()
+    return iallreduce(sendbuf, recvbuf, op, comm=comm, algorithm=algorithm, segment=segment).wait()
 
 
-def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto") -> Request:
+class _CallPlan(NamedTuple):
+    """What every call of one shape shares: built on the first, looked up after."""
+
+    plan: CompiledSchedule
+    reduce: object
+    average: bool
+    free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
+
+
+def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None) -> Request:
     """Start an allreduce and return its Request; arguments as for `allreduce`."""
-    comm = MPI.COMM_WORLD if comm is None else comm
-    sendbuf, recvbuf, op, backend = _checked(sendbuf, recvbuf, op, comm, algorithm)
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    sendbuf, recvbuf, kind, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
     state = comm_state(comm)
     if recvbuf is None:
         recvbuf = backend.empty_like(sendbuf)
-    source, target = sendbuf.reshape(-1), recvbuf.reshape(-1)
-    if algorithm == "auto":
-        algorithm = select(target.nbytes, state.size)
-    plan = compiled(algorithm, state.size, state.rank, target.size)
-    buffers = {INPUT: source, OUTPUT: target}
-    for name, size in plan.schedule.scratch:
-        buffers[name] = backend.empty(size, target.dtype)
-    execution = Execution(plan, buffers, backend, backend.reducer(op), state.comm, state.next_tag(),
-                          finish=lambda: backend.finish(target, op, state.size))
+    target = recvbuf.reshape(-1)
+    source = target if inplace else sendbuf.reshape(-1)
+    dtype = target.dtype
+
+    key = (backend, algorithm, target.size, dtype, kind, segment)
+    call = state.plans.get(key)
+    if call is None:
+        choice = select(target.nbytes, state.size, algorithm, segment)
+        plan = compiled(choice.algorithm, state.size, state.rank, target.size, dtype.itemsize,
+                        max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW)
+        call = state.plans[key] = _CallPlan(plan, backend.reducer(kind), kind is ReduceOp.AVG, [])
+
+    # Byte views for MPI, of the buffers that messages use.
+    messaged = call.plan.messaged
+    source_bytes = backend.as_bytes(source) if 0 in messaged or inplace and 1 in messaged else None
+    target_bytes = source_bytes if inplace else backend.as_bytes(target) if 1 in messaged else None
+    if call.free_scratch:
+        scratch, scratch_bytes = call.free_scratch.pop()
+    else:
+        scratch = [backend.empty(size, dtype) for _, size in call.plan.schedule.scratch]
+        scratch_bytes = [backend.as_bytes(array) for array in scratch]
+
+    def finish():
+        if call.average:
+            backend.divide(target, state.size)
+        call.free_scratch.append((scratch, scratch_bytes))
+
+    execution = Execution(call.plan, [source, target, *scratch], [source_bytes, target_bytes, *scratch_bytes],
+                          inplace, call.reduce, backend.copy, state.comm, state.next_tag(), finish)
     return Request(execution, recvbuf)
 
 
-def _checked(sendbuf, recvbuf, op, comm, algorithm):
-    """Validate the arguments; return (sendbuf, recvbuf or None, ReduceOp, backend)."""
+def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
+    """Validate the arguments; return (sendbuf, recvbuf or None, ReduceOp, backend, in place?)."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"ringtree allreduce: comm must be an intracommunicator, got {comm!r}")
-    rank = comm.Get_rank()
     try:
-        return _checked_on_rank(sendbuf, recvbuf, op, algorithm)
+        return _checked_on_rank(sendbuf, recvbuf, op, algorithm, segment)
     except (TypeError, ValueError) as error:
-        raise type(error)(f"ringtree allreduce on rank {rank}: {error}") from None
+        raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
 
 
-def _checked_on_rank(sendbuf, recvbuf, op, algorithm):
-    op = parse_op(op)
+def _checked_on_rank(sendbuf, recvbuf, op, algorithm, segment):
+    kind = parse_op(op)
     if algorithm != "auto" and algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; use 'auto' or one of {sorted(ALGORITHMS)}")
+    if segment is not None and (not isinstance(segment, int) or segment < 1):
+        raise ValueError(f"segment must be a positive number of bytes, got {segment!r}")
     if sendbuf is MPI.IN_PLACE:
         if recvbuf is None:
             raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
         sendbuf = recvbuf
     backend = _array_backend(sendbuf, "sendbuf")
-    check_dtype(sendbuf.dtype, op)
-    if recvbuf is not None:
-        if _array_backend(recvbuf, "recvbuf") is not backend:
-            raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
-        if recvbuf.dtype != sendbuf.dtype:
-            raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
-        if recvbuf.shape != sendbuf.shape:
-            raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
-        if not recvbuf.flags.writeable:
-            raise ValueError("recvbuf is read-only")
-        if sendbuf.size and not backend.same_memory(sendbuf, recvbuf) and backend.overlaps(sendbuf, recvbuf):
-            raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
-    return sendbuf, recvbuf, op, backend
+    check_dtype(sendbuf.dtype, kind)
+    if recvbuf is None:
+        return sendbuf, None, kind, backend, False
+    if _array_backend(recvbuf, "recvbuf") is not backend:
+        raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
+    if recvbuf.dtype != sendbuf.dtype:
+        raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
+    if recvbuf.shape != sendbuf.shape:
+        raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
+    if not recvbuf.flags.writeable:
+        raise ValueError("recvbuf is read-only")
+    aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
+    if aliasing == "overlap":
+        raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
+    return sendbuf, recvbuf, kind, backend, aliasing == "same"
 
 
 def _array_backend(buf, name):

@@ -22,20 +22,24 @@ class NumpyBackend:
         return isinstance(array, np.ndarray)
 
     @staticmethod
-    def empty(count: int, dtype: np.dtype) -> np.ndarray:
-        return np.empty(count, dtype)
-
-    @staticmethod
     def empty_like(array: np.ndarray) -> np.ndarray:
         return np.empty_like(array)
 
     @staticmethod
+    def empty(count: int, dtype: np.dtype) -> np.ndarray:
+        return np.empty(count, dtype)
+
+    @staticmethod
+    def as_bytes(array: np.ndarray) -> np.ndarray:
+        return array.view(np.uint8)
+
+    @staticmethod
     def reducer(op: ReduceOp):
-        """A function reducing `src` into `dst` in place, with no temporary."""
+        """A function (left, right, out) writing left (+) right into out, with no temporary."""
         ufunc = _UFUNCS[op]
 
-        def reduce(dst, src):
-            ufunc(dst, src, out=dst)
+        def reduce(left, right, out):
+            ufunc(left, right, out=out)
 
         return reduce
 
@@ -44,17 +48,19 @@ class NumpyBackend:
         np.copyto(dst, src)
 
     @staticmethod
-    def finish(output, op: ReduceOp, nranks: int) -> None:
-        if op is ReduceOp.AVG:
-            np.true_divide(output, nranks, out=output)
+    def divide(output, nranks: int) -> None:
+        np.true_divide(output, nranks, out=output)
 
     @staticmethod
-    def same_memory(a, b) -> bool:
-        return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-
-    @staticmethod
-    def overlaps(a, b) -> bool:
-        return np.shares_memory(a, b)
+    def aliasing(a, b) -> str | None:
+        """None if a and b are apart in memory, "same" if they are one region, else "overlap"."""
+        if a is b:
+            return "same"
+        if not np.may_share_memory(a, b):
+            return None
+        if a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes:
+            return "same"
+        return "overlap" if np.shares_memory(a, b) else None
 
 
 def backend_for(array):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from mpi4py import MPI
 
 _keyval: int | None = None
+# The last communicator used and its state: a loop on one communicator skips the attribute lookup.
+_last: tuple[MPI.Comm | None, "CommState | None"] = (None, None)
 
 
 class CommState:
@@ -21,6 +23,7 @@ class CommState:
         self.size = comm.Get_size()
         self.tags = min(comm.Get_attr(MPI.TAG_UB), 1 << 30) + 1
         self.calls = 0
+        self.plans: dict = {}  # per call shape: what allreduce.iallreduce built on the first call
 
     def next_tag(self) -> int:
         """A tag for the next collective: ranks call collectives in the same order, so they agree."""
@@ -30,17 +33,23 @@ class CommState:
 
 
 def _free(comm, keyval, state) -> int:
+    global _last
+    if _last[1] is state:
+        _last = (None, None)
     if not MPI.Is_finalized():
         state.comm.Free()
     return MPI.SUCCESS
 
 
 def comm_state(comm: MPI.Comm) -> CommState:
-    global _keyval
+    global _keyval, _last
+    if comm is _last[0]:
+        return _last[1]
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
     state = comm.Get_attr(_keyval)
     if state is None:
         state = CommState(comm)
         comm.Set_attr(_keyval, state)
+    _last = (comm, state)
     return state

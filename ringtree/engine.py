@@ -1,21 +1,25 @@
 """The progress engine: runs one rank's schedule on real buffers with nonblocking MPI.
 
 Each op waits for a count of unfinished dependencies. An op whose count reaches
-zero is issued at once: sends and receives are posted as Isend/Irecv, reductions
-and copies run immediately. Messages to (and from) the same peer are posted in
-schedule order, which is what lets the schedule rely on MPI's non-overtaking
-rule. All collectives in flight share one list of requests, so waiting on any
-of them progresses every one.
+zero is issued: sends and receives are posted as Isend/Irecv at once, and
+reductions and copies run after every message that is ready has been posted,
+so transfers are already under way while the array library computes. Messages
+to (and from) the same peer are posted in schedule order, which is what lets
+the schedule rely on MPI's non-overtaking rule. All collectives in flight share
+one list of requests, so waiting on any of them progresses every one.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
 from mpi4py import MPI
 
+from . import timeline
 from .algorithms import ALGORITHMS
+from .pipeline import segmented
 from .schedule import INPUT, OUTPUT, OpKind, Schedule
 
 _SEND, _RECV, _REDUCE, _COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
@@ -23,15 +27,26 @@ _SEND, _RECV, _REDUCE, _COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.C
 
 @dataclass(frozen=True, slots=True)
 class CompiledSchedule:
-    """A schedule in the form the engine walks: flat tuples indexed by op."""
+    """A schedule in the form the engine walks: flat tuples indexed by op.
+
+    Buffers are numbered: 0 input, 1 output, then the scratch buffers in the
+    order the schedule declares them.
+    """
 
     schedule: Schedule
     dependents: tuple[tuple[int, ...], ...]  # ops whose deps include this one
     channel_next: tuple[int, ...]  # next message op on the same (kind, peer), or -1
     initial_pending: tuple[int, ...]  # deps, plus one for an earlier message on the same channel
+    first_ready: tuple[int, ...]  # ops with nothing to wait for
+    # Per op: ("send" | "recv", peer, buffer, byte slice) for messages;
+    # ("reduce", dst, left, right) or ("copy", dst, src) with (buffer, element slice) regions for the rest;
+    # None for a copy of the input onto itself when the call is in place.
+    actions: tuple[tuple, ...]
+    in_place_actions: tuple[tuple | None, ...]
+    messaged: frozenset[int]  # buffers that messages send from or receive into
 
 
-def compile_schedule(schedule: Schedule) -> CompiledSchedule:
+def compile_schedule(schedule: Schedule, itemsize: int) -> CompiledSchedule:
     n = len(schedule.ops)
     dependents: list[list[int]] = [[] for _ in range(n)]
     channel_next = [-1] * n
@@ -46,64 +61,106 @@ def compile_schedule(schedule: Schedule) -> CompiledSchedule:
                 channel_next[prev] = i
                 pending[i] += 1
             last_on_channel[(op.kind, op.peer)] = i
-    return CompiledSchedule(schedule, tuple(map(tuple, dependents)), tuple(channel_next), tuple(pending))
+
+    number = {INPUT: 0, OUTPUT: 1, **{name: 2 + k for k, (name, _) in enumerate(schedule.scratch)}}
+
+    def elements(ref):
+        return number[ref.buffer], slice(ref.offset, ref.end)
+
+    actions = []
+    for op in schedule.ops:
+        if op.peer is not None:
+            ref = op.src if op.kind is _SEND else op.dst
+            actions.append((op.kind.value, op.peer, number[ref.buffer],
+                            slice(ref.offset * itemsize, ref.end * itemsize)))
+        else:
+            actions.append((op.kind.value, elements(op.dst), *map(elements, op.srcs)))
+    in_place = [None if op.kind is _COPY and op.src.buffer == INPUT and op.dst.buffer == OUTPUT
+                and op.src.offset == op.dst.offset else action for op, action in zip(schedule.ops, actions)]
+    messaged = frozenset(action[2] for action in actions if action[0] in ("send", "recv"))
+    return CompiledSchedule(schedule, tuple(map(tuple, dependents)), tuple(channel_next), tuple(pending),
+                            tuple(i for i, p in enumerate(pending) if p == 0), tuple(actions), tuple(in_place),
+                            messaged)
 
 
-@lru_cache(maxsize=512)
-def compiled(algorithm: str, nranks: int, rank: int, count: int) -> CompiledSchedule:
-    return compile_schedule(ALGORITHMS[algorithm](nranks, rank, count))
+@lru_cache(maxsize=256)
+def compiled(algorithm: str, nranks: int, rank: int, count: int, itemsize: int, segment: int = 0,
+             window: int = 4) -> CompiledSchedule:
+    """The schedule to run, built once per shape. `segment` in elements; 0 means no segmenting."""
+    schedule = ALGORITHMS[algorithm](nranks, rank, count)
+    if segment:
+        schedule = segmented(schedule, segment, window)
+    return compile_schedule(schedule, itemsize)
 
 
 class Execution:
     """One rank's run of one collective."""
 
-    def __init__(self, plan: CompiledSchedule, buffers: dict, backend, reduce, comm: MPI.Comm, tag: int,
-                 finish) -> None:
+    __slots__ = ("plan", "actions", "buffers", "raw", "reduce", "copy", "comm", "tag", "finish",
+                 "pending", "remaining", "done", "computes")
+
+    def __init__(self, plan: CompiledSchedule, buffers: list, raw: list, inplace: bool, reduce, copy,
+                 comm: MPI.Comm, tag: int, finish) -> None:
+        """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `raw`: the same as bytes
+        (None for buffers no message uses); `inplace`: input and output are the same memory."""
         self.plan = plan
+        self.actions = plan.in_place_actions if inplace else plan.actions
         self.buffers = buffers
-        self.backend = backend
+        self.raw = raw
         self.reduce = reduce
+        self.copy = copy
         self.comm = comm
         self.tag = tag
         self.finish = finish
-        self.inplace = backend.same_memory(buffers[INPUT], buffers[OUTPUT]) if plan.schedule.count else False
         self.pending = list(plan.initial_pending)
-        self.remaining = len(plan.schedule.ops)
+        self.remaining = len(plan.initial_pending)
         self.done = False
-        self._issue([i for i, p in enumerate(self.pending) if p == 0])
+        self.computes: deque[int] = deque()
+        self._run(list(plan.first_ready))
         if self.remaining == 0:
             self._complete()
-        else:
-            PROGRESS.executions.add(self)
 
-    def _view(self, ref):
-        return self.buffers[ref.buffer][ref.offset:ref.end]
-
-    def _issue(self, ready: list[int]) -> None:
-        ops = self.plan.schedule.ops
-        while ready:
-            i = ready.pop()
-            op = ops[i]
-            kind = op.kind
-            if kind is _REDUCE:
-                self.reduce(self._view(op.dst), self._view(op.src))
-                self._finished(i, ready)
-            elif kind is _COPY:
-                if not (self.inplace and op.src.buffer == INPUT and op.src.offset == op.dst.offset
-                        and op.dst.buffer == OUTPUT):
-                    self.backend.copy(self._view(op.dst), self._view(op.src))
-                self._finished(i, ready)
-            else:
-                if kind is _SEND:
-                    request = self.comm.Isend([self._view(op.src), MPI.BYTE], op.peer, self.tag)
+    def _run(self, ready: list[int]) -> None:
+        """Post every ready message; then compute one ready op, and repeat."""
+        actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending
+        channel_next, dependents = self.plan.channel_next, self.plan.dependents
+        tracing = timeline.ACTIVE
+        while True:
+            while ready:
+                i = ready.pop()
+                action = actions[i]
+                kind = action[0] if action is not None else "copy"
+                if kind == "send":
+                    request = self.comm.Isend(self.raw[action[2]][action[3]], action[1], self.tag)
+                elif kind == "recv":
+                    request = self.comm.Irecv(self.raw[action[2]][action[3]], action[1], self.tag)
                 else:
-                    request = self.comm.Irecv([self._view(op.dst), MPI.BYTE], op.peer, self.tag)
+                    computes.append(i)
+                    continue
+                if tracing:
+                    timeline.posted(self, i)
                 PROGRESS.add(request, self, i)
-                following = self.plan.channel_next[i]
+                following = channel_next[i]
                 if following >= 0:
-                    self.pending[following] -= 1
-                    if self.pending[following] == 0:
+                    pending[following] -= 1
+                    if pending[following] == 0:
                         ready.append(following)
+            if not computes:
+                return
+            i = computes.popleft()
+            action = actions[i]
+            start = timeline.now() if tracing else 0
+            if action is None:
+                pass  # in place: the input already is the output
+            elif action[0] == "reduce":
+                (d, ds), (l, ls), (r, rs) = action[1:]
+                self.reduce(buffers[l][ls], buffers[r][rs], buffers[d][ds])
+            else:
+                (d, ds), (s, ss) = action[1:]
+                self.copy(buffers[d][ds], buffers[s][ss])
+            if tracing:
+                timeline.computed(self, i, start)
+            self._finished(i, ready)
 
     def _finished(self, i: int, ready: list[int]) -> None:
         self.remaining -= 1
@@ -114,15 +171,17 @@ class Execution:
                 ready.append(d)
 
     def message_done(self, i: int) -> None:
+        if timeline.ACTIVE:
+            timeline.completed(self, i)
         ready: list[int] = []
         self._finished(i, ready)
-        self._issue(ready)
+        if ready or self.computes:
+            self._run(ready)
         if self.remaining == 0:
             self._complete()
 
     def _complete(self) -> None:
         self.done = True
-        PROGRESS.executions.discard(self)
         self.finish()
 
 
@@ -132,7 +191,6 @@ class Progress:
     def __init__(self) -> None:
         self.requests: list[MPI.Request] = []
         self.owners: list[tuple[Execution, int]] = []
-        self.executions: set[Execution] = set()
 
     def add(self, request: MPI.Request, execution: Execution, op: int) -> None:
         self.requests.append(request)
@@ -145,11 +203,14 @@ class Progress:
         finished = MPI.Request.Waitsome(self.requests) if block else MPI.Request.Testsome(self.requests)
         if not finished:
             return
-        owners = [self.owners[i] for i in finished]
-        keep = sorted(set(range(len(self.requests))) - set(finished))
-        self.requests = [self.requests[i] for i in keep]
-        self.owners = [self.owners[i] for i in keep]
-        for execution, op in owners:
+        owners = self.owners
+        done = [owners[i] for i in finished]
+        if len(finished) == len(owners):
+            self.requests, self.owners = [], []
+        else:
+            for i in sorted(finished, reverse=True):
+                del self.requests[i], owners[i]
+        for execution, op in done:
             execution.message_done(op)
 
     def wait(self, execution: Execution) -> None:

@@ -21,6 +21,9 @@ class ReduceOp(Enum):
     BOR = "bor"
     BXOR = "bxor"
 
+    # Members are singletons: hash by identity, which costs far less than Enum's name hash.
+    __hash__ = object.__hash__
+
 
 _MPI_OPS = [
     (MPI.SUM, ReduceOp.SUM), (MPI.PROD, ReduceOp.PROD), (MPI.MIN, ReduceOp.MIN), (MPI.MAX, ReduceOp.MAX),
@@ -40,21 +43,24 @@ _KINDS = {
 _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f": "floating", "c": "complex"}
 
 
+_BY_HANDLE = {mpi_op.handle: ours for mpi_op, ours in _MPI_OPS}
+
+
 def parse_op(op) -> ReduceOp:
     """An MPI.Op among MPI's predefined ones, or one of the strings sum, prod, min, max, avg."""
-    if isinstance(op, ReduceOp):
-        return op
+    if isinstance(op, MPI.Op):
+        try:
+            return _BY_HANDLE[op.handle]
+        except KeyError:
+            raise ValueError(f"unsupported MPI.Op {op!r}: ringtree supports "
+                             "SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR") from None
     if isinstance(op, str):
         try:
             return _STRING_OPS[op.lower()]
         except KeyError:
             raise ValueError(f"unknown op {op!r}; use one of {sorted(_STRING_OPS)} or an MPI.Op") from None
-    if isinstance(op, MPI.Op):
-        for mpi_op, ours in _MPI_OPS:
-            if op == mpi_op:
-                return ours
-        raise ValueError(f"unsupported MPI.Op {op!r}: ringtree supports "
-                         "SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR")
+    if isinstance(op, ReduceOp):
+        return op
     raise TypeError(f"op must be an MPI.Op or a string, got {type(op).__name__}")
 
 

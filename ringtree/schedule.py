@@ -18,10 +18,10 @@ OUTPUT = "output"
 
 
 class OpKind(Enum):
-    SEND = "send"  # send src to peer
+    SEND = "send"  # send srcs[0] to peer
     RECV = "recv"  # receive from peer into dst
-    REDUCE = "reduce"  # dst <- dst (+) src
-    COPY = "copy"  # dst <- src
+    REDUCE = "reduce"  # dst <- srcs[0] (+) srcs[1], in that operand order
+    COPY = "copy"  # dst <- srcs[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +44,26 @@ class Ref:
 class Op:
     kind: OpKind
     dst: Ref | None = None  # region written (RECV, REDUCE, COPY)
-    src: Ref | None = None  # region read (SEND, REDUCE, COPY)
+    srcs: tuple[Ref, ...] = ()  # regions read (SEND, COPY: one; REDUCE: left and right operand)
     peer: int | None = None  # SEND and RECV only
     deps: tuple[int, ...] = ()  # indices of earlier ops of this rank
+
+    @property
+    def src(self) -> Ref | None:
+        return self.srcs[0] if self.srcs else None
+
+    @property
+    def regions(self) -> tuple[Ref, ...]:
+        return self.srcs + ((self.dst,) if self.dst is not None else ())
 
     def __str__(self) -> str:
         if self.kind is OpKind.SEND:
             return f"send {self.src} to {self.peer}"
         if self.kind is OpKind.RECV:
             return f"recv {self.dst} from {self.peer}"
-        return f"{self.kind.value} {self.dst} <- {self.src}"
+        if self.kind is OpKind.REDUCE:
+            return f"reduce {self.dst} <- {self.srcs[0]} (+) {self.srcs[1]}"
+        return f"copy {self.dst} <- {self.src}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,16 +157,17 @@ class ScheduleBuilder:
         return Ref(name, 0, count)
 
     def send(self, peer: int, src: Ref) -> None:
-        self._add(Op(OpKind.SEND, src=src, peer=self._peer(peer)))
+        self.add(Op(OpKind.SEND, srcs=(src,), peer=self._peer(peer)))
 
     def recv(self, peer: int, dst: Ref) -> None:
-        self._add(Op(OpKind.RECV, dst=dst, peer=self._peer(peer)))
+        self.add(Op(OpKind.RECV, dst=dst, peer=self._peer(peer)))
 
-    def reduce(self, dst: Ref, src: Ref) -> None:
-        self._add(Op(OpKind.REDUCE, dst=dst, src=src))
+    def reduce(self, dst: Ref, left: Ref, right: Ref) -> None:
+        """dst <- left (+) right; dst may be one of the operands."""
+        self.add(Op(OpKind.REDUCE, dst=dst, srcs=(left, right)))
 
     def copy(self, dst: Ref, src: Ref) -> None:
-        self._add(Op(OpKind.COPY, dst=dst, src=src))
+        self.add(Op(OpKind.COPY, dst=dst, srcs=(src,)))
 
     def build(self) -> Schedule:
         return Schedule(self.algorithm, self.nranks, self.rank, self.count,
@@ -167,22 +178,23 @@ class ScheduleBuilder:
             raise ValueError(f"rank {self.rank} of {self.nranks}: bad peer {peer}")
         return peer
 
-    def _add(self, op: Op) -> None:
-        regions = [(ref, ref is op.dst) for ref in (op.src, op.dst) if ref is not None]
+    def add(self, op: Op) -> None:
+        """Append `op` (its deps are ignored and derived anew)."""
+        regions = [(ref, False) for ref in op.srcs] + ([(op.dst, True)] if op.dst is not None else [])
+        if len({ref.count for ref, _ in regions}) != 1:
+            raise ValueError(f"rank {self.rank}: {op} has regions of different sizes")
+        if regions[0][0].count == 0:
+            return
         for ref, _ in regions:
-            if ref.count == 0:
-                return
             if ref.buffer not in self._sizes or ref.offset < 0 or ref.end > self._sizes[ref.buffer]:
                 raise ValueError(f"rank {self.rank}: {op} is out of bounds")
-        if op.src is not None and op.dst is not None and op.src.count != op.dst.count:
-            raise ValueError(f"rank {self.rank}: {op} has regions of different sizes")
         index = len(self._ops)
         deps: set[int] = set()
         for ref, write in regions:
             deps |= self._tracker(ref).deps(ref, write)
         for ref, write in regions:
             self._tracker(ref).record(ref, index, write)
-        self._ops.append(Op(op.kind, op.dst, op.src, op.peer, tuple(sorted(deps))))
+        self._ops.append(Op(op.kind, op.dst, op.srcs, op.peer, tuple(sorted(deps))))
 
     def _tracker(self, ref: Ref) -> _Hazards:
         return self._hazards[OUTPUT if ref.buffer == INPUT else ref.buffer]

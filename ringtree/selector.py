@@ -1,12 +1,30 @@
-"""Choose an algorithm for `algorithm="auto"`.
+"""Choose an algorithm and a segment size for a call.
 
 A pure function of values equal on every rank, so every rank picks the same.
 """
 
+from __future__ import annotations
+
+from typing import NamedTuple
+
 # Up to this size the tree's 2·log2(N) steps cost less than the ring's 2(N-1)
 # latencies; above it the ring's smaller, spread-out traffic wins.
 TREE_MAX_BYTES = 64 * 1024
+# Pipelining pays once a message is several segments long; smaller segments
+# cost more per-message overhead in Python than they gain in overlap.
+SEGMENT_BYTES = 1 << 20
+# Segments in flight into scratch per collective: scratch is SEGMENT_BYTES × WINDOW.
+WINDOW = 4
 
 
-def select(nbytes: int, nranks: int) -> str:
-    return "tree" if nbytes <= TREE_MAX_BYTES else "ring"
+class Choice(NamedTuple):
+    algorithm: str
+    segment: int  # bytes per segment; 0: messages are not split
+
+
+def select(nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None) -> Choice:
+    if algorithm == "auto":
+        algorithm = "tree" if nbytes <= TREE_MAX_BYTES else "ring"
+    if segment is None:
+        segment = SEGMENT_BYTES
+    return Choice(algorithm, segment if nbytes > segment else 0)

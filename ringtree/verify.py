@@ -72,8 +72,8 @@ def _check_deps(s: Schedule) -> None:
     for i, op in enumerate(s.ops):
         if any(not 0 <= d < i for d in op.deps):
             raise ScheduleError(f"rank {s.rank} op {i} ({op}) depends on a later op: {op.deps}")
-        for ref in (op.src, op.dst):
-            if ref is not None and (ref.buffer not in sizes or ref.offset < 0 or ref.end > sizes[ref.buffer]):
+        for ref in op.regions:
+            if (ref.buffer not in sizes or ref.offset < 0 or ref.end > sizes[ref.buffer]):
                 raise ScheduleError(f"rank {s.rank} op {i} ({op}) is out of bounds")
 
 
@@ -95,39 +95,47 @@ class _SymbolicRank:
         self.defined = {name: np.zeros(size, bool) for name, size in schedule.buffer_sizes().items()}
         self.buffers[INPUT][:, self.rank] = 1
         self.defined[INPUT][:] = True
-        self.done = [False] * len(schedule.ops)
-        self.posted = [False] * len(schedule.ops)
-        self.last_posted: dict[tuple[OpKind, int], int] = {}
-        self.channel_prev: list[int | None] = []
-        for i, op in enumerate(schedule.ops):
-            key = (op.kind, op.peer)
-            self.channel_prev.append(self.last_posted.get(key) if op.peer is not None else None)
+        ops = schedule.ops
+        self.done = [False] * len(ops)
+        # As the engine: an op waits for its deps, and a message also for the previous one on its channel.
+        self.pending = [len(op.deps) for op in ops]
+        self.dependents: list[list[int]] = [[] for _ in ops]
+        self.channel_next = [-1] * len(ops)
+        last_on_channel: dict[tuple[OpKind, int], int] = {}
+        for i, op in enumerate(ops):
+            for d in op.deps:
+                self.dependents[d].append(i)
             if op.peer is not None:
-                self.last_posted[key] = i
+                prev = last_on_channel.get((op.kind, op.peer))
+                if prev is not None:
+                    self.channel_next[prev] = i
+                    self.pending[i] += 1
+                last_on_channel[(op.kind, op.peer)] = i
+        self.ready = [i for i, p in enumerate(self.pending) if p == 0]
 
     def post_ready(self) -> list[int]:
         """Run every ready local op; return the messages that became ready to post."""
         new_messages = []
-        progressed = True
-        while progressed:
-            progressed = False
-            for i, op in enumerate(self.schedule.ops):
-                if self.posted[i] or not all(self.done[d] for d in op.deps):
-                    continue
-                prev = self.channel_prev[i]
-                if prev is not None and not self.posted[prev]:
-                    continue
-                self.posted[i] = True
-                progressed = True
-                if op.kind is OpKind.COPY:
-                    self.write(op.dst, self.read(op.src, i), i)
-                    self.finish(i)
-                elif op.kind is OpKind.REDUCE:
-                    self.write(op.dst, self.read(op.dst, i) + self.read(op.src, i), i)
-                    self.finish(i)
-                else:
-                    new_messages.append(i)
+        while self.ready:
+            i = self.ready.pop()
+            op = self.schedule.ops[i]
+            if op.kind is OpKind.COPY:
+                self.write(op.dst, self.read(op.src, i), i)
+                self.finish(i)
+            elif op.kind is OpKind.REDUCE:
+                left, right = op.srcs
+                self.write(op.dst, self.read(left, i) + self.read(right, i), i)
+                self.finish(i)
+            else:
+                new_messages.append(i)
+                self._release(self.channel_next[i])
         return new_messages
+
+    def _release(self, i: int) -> None:
+        if i >= 0:
+            self.pending[i] -= 1
+            if self.pending[i] == 0:
+                self.ready.append(i)
 
     def read(self, ref, i):
         if not self.defined[ref.buffer][ref.offset:ref.end].all():
@@ -144,6 +152,8 @@ class _SymbolicRank:
 
     def finish(self, i):
         self.done[i] = True
+        for d in self.dependents[i]:
+            self._release(d)
 
     def unfinished(self):
         return [i for i, d in enumerate(self.done) if not d]

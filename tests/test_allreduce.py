@@ -10,7 +10,7 @@ from ringtree.algorithms import ALGORITHMS as CATALOGUE
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.ops import ReduceOp, check_dtype
 
-from conftest import assert_everywhere, same_on_all_ranks
+from conftest import assert_everywhere, same_on_all_ranks, value_bits
 
 pytestmark = pytest.mark.mpi
 
@@ -120,7 +120,7 @@ def _check_batch(comm, algorithm, count, cases):
             wrong = np.flatnonzero(result != expected)
             failures.append(f"{what}: {wrong.size} elements differ from native, first at {wrong[:1]}: "
                             f"{result[wrong[:1]]} != {expected[wrong[:1]]}")
-    digests = [hashlib.sha256(np.ascontiguousarray(r).tobytes()).digest() for r in results]
+    digests = [hashlib.sha256(value_bits(r)).digest() for r in results]
     everyone = comm.allgather(digests)
     failures += [f"{kind.value} {dtype} inplace={inplace}: ranks disagree"
                  for i, ((_, kind), dtype, inplace) in enumerate(cases) if len({d[i] for d in everyone}) > 1]

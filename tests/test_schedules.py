@@ -2,6 +2,7 @@
 
 import ast
 import pathlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -31,9 +32,8 @@ def test_generated_schedules_are_well_formed(algorithm, nranks, count):
         sizes = s.buffer_sizes()
         for i, op in enumerate(s.ops):
             assert all(0 <= d < i for d in op.deps)
-            for ref in (op.src, op.dst):
-                if ref is not None:
-                    assert 0 <= ref.offset and ref.end <= sizes[ref.buffer] and ref.count > 0
+            for ref in op.regions:
+                assert 0 <= ref.offset and ref.end <= sizes[ref.buffer] and ref.count > 0
             assert (op.peer is not None) == (op.kind in (OpKind.SEND, OpKind.RECV))
             assert op.dst is None or op.dst.buffer != INPUT
             if op.kind is OpKind.SEND:
@@ -76,7 +76,7 @@ def test_builder_derives_dependencies_from_regions():
     slot = b.scratch("slot", 2)
     b.copy(Ref(OUTPUT, 0, 4), Ref(INPUT, 0, 4))  # 0
     b.recv(1, slot)  # 1
-    b.reduce(Ref(OUTPUT, 0, 2), slot)  # 2: after the copy (RAW) and the receive (RAW)
+    b.reduce(Ref(OUTPUT, 0, 2), Ref(OUTPUT, 0, 2), slot)  # 2: after the copy (RAW) and the receive (RAW)
     b.send(1, Ref(OUTPUT, 2, 2))  # 3: after the copy only
     b.recv(1, slot)  # 4: after the reduce has read the slot (WAR), the first receive (WAW)
     b.recv(1, Ref(OUTPUT, 2, 2))  # 5: after the send has read the region (WAR)
@@ -107,8 +107,7 @@ def _first(ops, kind):
 def test_verifier_catches_a_dropped_send():
     def drop(ops):
         i = _first(ops, OpKind.SEND)
-        return ops[:i] + [Op(o.kind, o.dst, o.src, o.peer, tuple(d - (d > i) for d in o.deps if d != i))
-                          for o in ops[i + 1:]]
+        return ops[:i] + [replace(o, deps=tuple(d - (d > i) for d in o.deps if d != i)) for o in ops[i + 1:]]
     with pytest.raises(ScheduleError, match="deadlock"):
         verify_schedules(_planted("ring", 4, 8, 1, drop))
 
@@ -116,8 +115,8 @@ def test_verifier_catches_a_dropped_send():
 def test_verifier_catches_a_doubled_reduce():
     def double(ops):
         i = _first(ops, OpKind.REDUCE)
-        return ops[:i + 1] + [Op(OpKind.REDUCE, ops[i].dst, ops[i].src, None, (i,))] + \
-            [Op(o.kind, o.dst, o.src, o.peer, tuple(d + (d > i) for d in o.deps)) for o in ops[i + 1:]]
+        return ops[:i + 1] + [Op(OpKind.REDUCE, ops[i].dst, (ops[i].dst, ops[i].srcs[0]), None, (i,))] + \
+            [replace(o, deps=tuple(d + (d > i) for d in o.deps)) for o in ops[i + 1:]]
     with pytest.raises(ScheduleError, match="not every rank's input once"):
         verify_schedules(_planted("tree", 4, 8, 0, double))
 
@@ -126,7 +125,7 @@ def test_verifier_catches_a_message_of_the_wrong_size():
     def shrink(ops):
         i = _first(ops, OpKind.SEND)
         src = ops[i].src
-        ops[i] = Op(OpKind.SEND, None, Ref(src.buffer, src.offset, src.count - 1), ops[i].peer, ops[i].deps)
+        ops[i] = replace(ops[i], srcs=(Ref(src.buffer, src.offset, src.count - 1),))
         return ops
     with pytest.raises(ScheduleError, match="sends 1 elements but rank"):
         verify_schedules(_planted("ring", 2, 4, 0, shrink))

@@ -1,10 +1,10 @@
 """Ring allreduce: a reduce-scatter, then an allgather, around the ring of ranks.
 
 The count is split into one chunk per rank. In each of the N-1 reduce-scatter
-steps a rank sends one chunk to its right neighbour and adds the chunk coming
-from its left neighbour; afterwards rank r holds the total of chunk r+1. In
-each of the N-1 allgather steps it passes a finished chunk on to the right.
-Every rank sends and receives 2(N-1)/N of the data, whatever N.
+steps a rank sends one chunk to its right neighbour and adds its own input to
+the chunk coming from its left neighbour; afterwards rank r holds the total of
+chunk r+1. In each of the N-1 allgather steps it passes a finished chunk on to
+the right. Every rank sends and receives 2(N-1)/N of the data, whatever N.
 """
 
 from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks
@@ -17,8 +17,9 @@ def ring_allreduce(nranks: int, rank: int, count: int) -> Schedule:
     def chunk(buffer: str, index: int) -> Ref:
         return Ref(buffer, *chunks[index % nranks])
 
-    for index in range(nranks):
-        b.copy(chunk(OUTPUT, index), chunk(INPUT, index))
+    if nranks == 1:
+        b.copy(chunk(OUTPUT, 0), chunk(INPUT, 0))
+        return b.build()
 
     # Two receive slots, so the next chunk can arrive while this one is added.
     largest = max(size for _, size in chunks)
@@ -26,11 +27,11 @@ def ring_allreduce(nranks: int, rank: int, count: int) -> Schedule:
     right, left = (rank + 1) % nranks, (rank - 1) % nranks
 
     for step in range(nranks - 1):
-        b.send(right, chunk(OUTPUT, rank - step))
-        arriving = chunk(OUTPUT, rank - step - 1)
-        slot = Ref(incoming.buffer, (step % 2) * largest, arriving.count)
-        b.recv(left, slot)
-        b.reduce(arriving, slot)
+        b.send(right, chunk(INPUT if step == 0 else OUTPUT, rank - step))
+        arriving = rank - step - 1
+        partial = Ref(incoming.buffer, (step % 2) * largest, chunks[arriving % nranks][1])
+        b.recv(left, partial)
+        b.reduce(chunk(OUTPUT, arriving), partial, chunk(INPUT, arriving))
 
     for step in range(nranks - 1):
         b.send(right, chunk(OUTPUT, rank + 1 - step))

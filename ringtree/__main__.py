@@ -1,0 +1,36 @@
+"""Command line: python -m ringtree {bench,plot,timeline-merge} ..."""
+
+import argparse
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ringtree", description="ringtree tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    from . import bench
+    bench_parser = commands.add_parser("bench", help="allreduce bandwidth against native MPI (under mpiexec)",
+                                       description=bench.__doc__,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_arguments(bench_parser)
+
+    plot_parser = commands.add_parser("plot", help="plot busbw against size from bench --json files")
+    plot_parser.add_argument("results", nargs="+", help="JSON files written by bench --json")
+    plot_parser.add_argument("-o", "--output", default="busbw.svg", help="image file (.svg or .png)")
+
+    merge_parser = commands.add_parser("timeline-merge", help="merge per-rank RINGTREE_TIMELINE files into one")
+    merge_parser.add_argument("output")
+    merge_parser.add_argument("inputs", nargs="+")
+
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        bench.run(args)
+    elif args.command == "plot":
+        from .plot import plot
+        plot(args.results, args.output)
+    else:
+        from .timeline import merge
+        merge(args.output, args.inputs)
+
+
+if __name__ == "__main__":
+    main()

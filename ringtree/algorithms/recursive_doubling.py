@@ -1,0 +1,53 @@
+"""Recursive-doubling allreduce: log2 N rounds of pairwise exchange, latency-optimal for small messages.
+
+In round k, rank r exchanges its partial result with rank r XOR 2^k and both
+combine the two halves, the lower rank's on the left, so every rank computes
+bitwise the same value. When N is not a power of two, the first 2·(N - 2^⌊log2 N⌋)
+ranks pair up first: each even one hands its input to the odd one above it,
+sits out the rounds, and gets the result back at the end (Thakur, Rabenseifner
+and Gropp, 2005).
+"""
+
+from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder
+
+
+def recursive_doubling_allreduce(nranks: int, rank: int, count: int) -> Schedule:
+    b = ScheduleBuilder("recursive_doubling", nranks, rank, count)
+    mine, result = Ref(INPUT, 0, count), Ref(OUTPUT, 0, count)
+    if nranks == 1:
+        b.copy(result, mine)
+        return b.build()
+
+    rounds_size = 1 << (nranks.bit_length() - 1)  # largest power of two <= nranks
+    folded = nranks - rounds_size  # ranks 0, 2, ..., 2·folded - 2 sit out the rounds
+    incoming = b.scratch("incoming", 2 * count)
+
+    def slot(i: int) -> Ref:
+        return Ref(incoming.buffer, (i % 2) * count, count)
+
+    if rank < 2 * folded and rank % 2 == 0:
+        b.send(rank + 1, mine)
+        b.recv(rank + 1, result)
+        return b.build()
+
+    partial = mine
+    if rank < 2 * folded:
+        b.recv(rank - 1, slot(0))
+        b.reduce(result, slot(0), mine)
+        partial = result
+    position = rank // 2 if rank < 2 * folded else rank - folded
+
+    for k in range(rounds_size.bit_length() - 1):
+        other = position ^ (1 << k)
+        partner = 2 * other + 1 if other < folded else other + folded
+        b.send(partner, partial)
+        b.recv(partner, slot(k + 1))
+        if other < position:
+            b.reduce(result, slot(k + 1), partial)
+        else:
+            b.reduce(result, partial, slot(k + 1))
+        partial = result
+
+    if rank < 2 * folded:
+        b.send(rank - 1, result)
+    return b.build()

@@ -1,0 +1,169 @@
+"""`python -m ringtree bench`: allreduce bandwidth against the MPI library's own, in one run.
+
+In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
+size, each algorithm's result is first checked against `native` (the MPI
+library's own Allreduce) on the same data. Then the algorithms take turns,
+repetition by repetition, so drift of a shared machine hits them alike. A
+repetition is a barrier and then a batch of back-to-back calls, as in
+nccl-tests (enough calls for about a millisecond); its time per call is the
+slowest rank's, and the table shows the median over repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .algorithms import ALGORITHMS
+from .allreduce import allreduce
+from .ops import ReduceOp, check_dtype, parse_op
+
+NATIVE = "native"
+_NATIVE_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
+               ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size (e.g. 8, 1K, 4M)")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"), help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this at each step")
+    parser.add_argument("--algorithms", default="ring,tree,auto,native",
+                        help=f"comma-separated, from {', '.join(sorted(ALGORITHMS))}, auto, native")
+    parser.add_argument("--dtype", default="float32", help="numpy dtype name")
+    parser.add_argument("--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
+    parser.add_argument("--inplace", action="store_true", help="MPI.IN_PLACE instead of separate buffers")
+    parser.add_argument("--segment", type=parse_size, default=None, help="segment size in bytes (default: selector's)")
+    parser.add_argument("--iters", type=int, default=20, help="timed repetitions per size (fewer for big sizes)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions per size")
+    parser.add_argument("--budget", type=float, default=2.0,
+                        help="seconds per size and algorithm, at most, once warm; lowers --iters for big sizes")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dtype = np.dtype(args.dtype)
+    op = parse_op(args.op)
+    check_dtype(dtype, op)
+    algorithms = args.algorithms.split(",")
+    unknown = set(algorithms) - set(ALGORITHMS) - {"auto", NATIVE}
+    if unknown:
+        raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
+    if dtype == np.float16 and NATIVE in algorithms:
+        raise SystemExit("native MPI has no float16 reduction; leave out 'native' or pick another dtype")
+
+    rows = []
+    if rank == 0:
+        print(f"# ringtree bench: {size} ranks, {dtype}, {op.value}, {'in place' if args.inplace else 'out of place'}, "
+              f"{MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>10} {'time us':>10} "
+              f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x native':>8}")
+    nbytes = args.minbytes
+    while nbytes <= args.maxbytes:
+        count = max(1, nbytes // dtype.itemsize)
+        rows += _measure_size(comm, algorithms, count, dtype, op, args)
+        nbytes *= args.stepfactor
+    if args.json and rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": size, "dtype": str(dtype), "op": op.value, "inplace": args.inplace,
+                       "mpi": MPI.Get_library_version().splitlines()[0].strip(), "rows": rows}, f, indent=1)
+    return rows
+
+
+def _measure_size(comm, algorithms, count, dtype, op, args) -> list[dict]:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    # Small integers: every order of summation gives the same bits, so results can be checked exactly.
+    data = (np.arange(count) % 7 + rank % 3 + 1).astype(dtype)
+    expected = np.empty_like(data)
+    comm.Allreduce(data, expected, _NATIVE_OPS[op])
+    if op is ReduceOp.AVG:
+        expected /= size
+    out = np.empty_like(data)
+    calls = {name: _call(comm, name, data, out, op, args) for name in algorithms}
+
+    wrong = []
+    for name in algorithms:
+        np.copyto(out, data)
+        for _ in range(args.warmup):
+            calls[name]()
+            np.copyto(out, data)  # in place, the next call must start from the input again
+        calls[name]()
+        wrong.append(np.count_nonzero(out != expected))
+    wrong = dict(zip(algorithms, map(int, _across_ranks(comm, wrong, MPI.SUM))))
+
+    batch, iters = _batching(comm, calls, args)
+    times = {name: [] for name in algorithms}
+    for _ in range(iters):
+        for name in algorithms:
+            call = calls[name]
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                call()
+            times[name].append((time.perf_counter() - start) / batch)
+    slowest = _across_ranks(comm, [times[name] for name in algorithms], MPI.MAX)
+    median = {name: float(np.median(t)) for name, t in zip(algorithms, slowest)}
+
+    rows = []
+    for name in algorithms:
+        seconds = median[name]
+        algbw = data.nbytes / seconds / 1e9
+        row = {"size": data.nbytes, "count": count, "type": str(dtype), "redop": op.value, "algorithm": name,
+               "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * 2 * (size - 1) / size,
+               "wrong": wrong[name], "iters": iters, "batch": batch,
+               "vs_native": median[NATIVE] / seconds if NATIVE in median else None}
+        rows.append(row)
+        if rank == 0:
+            ratio = f"{row['vs_native']:8.2f}" if row["vs_native"] is not None else f"{'-':>8}"
+            print(f"  {row['size']:>10} {count:>10} {str(dtype):>8} {op.value:>5} {name:>10} "
+                  f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
+                  flush=True)
+    return rows
+
+
+def _across_ranks(comm, values, op):
+    local = np.array(values, dtype=np.float64)
+    result = np.empty_like(local)
+    comm.Allreduce(local, result, op)
+    return result
+
+
+def _call(comm, name, data, out, op, args):
+    """A function running one allreduce of `data` into `out` (of `out` into itself, in place)."""
+    send = MPI.IN_PLACE if args.inplace else data
+    if name == NATIVE:
+        native_op = _NATIVE_OPS[op]
+        if op is ReduceOp.AVG:
+            def native_average():
+                comm.Allreduce(send, out, native_op)
+                np.true_divide(out, comm.Get_size(), out=out)
+            return native_average
+        return lambda: comm.Allreduce(send, out, native_op)
+    return lambda: allreduce(send, out, op, comm=comm, algorithm=name, segment=args.segment)
+
+
+BATCH_SECONDS = 1e-3
+
+
+def _batching(comm, calls, args) -> tuple[int, int]:
+    """(calls per batch, repetitions): batches of about BATCH_SECONDS, and --iters repetitions,
+    or fewer where one round of every algorithm would overrun --budget."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for call in calls.values():
+        call()
+    slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
+    batch = max(1, min(100, int(BATCH_SECONDS / max(slowest_call, 1e-9))))
+    iters = max(3, min(args.iters, int(args.budget / (slowest_call * batch))))
+    return batch, iters
