@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=float, default=2.0,
                         help="seconds per size and algorithm, at most, once warm; lowers --iters for big sizes")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--note", default="", help="a line about the machine, kept in the JSON (e.g. '2-core VM')")
 
 
 def parse_size(text: str) -> int:
@@ -77,7 +78,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.json and rank == 0:
         with open(args.json, "w") as f:
             json.dump({"ranks": size, "dtype": str(dtype), "op": op.value, "inplace": args.inplace,
-                       "mpi": MPI.Get_library_version().splitlines()[0].strip(), "rows": rows}, f, indent=1)
+                       "mpi": MPI.Get_library_version().splitlines()[0].strip(), "note": args.note,
+                       "rows": rows}, f, indent=1)
+    if any(row["wrong"] for row in rows):
+        raise SystemExit(f"rank {rank}: some results differ from native MPI (see #wrong)")
     return rows
 
 

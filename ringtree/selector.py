@@ -11,8 +11,9 @@ from typing import NamedTuple
 # latencies; above it the ring's smaller, spread-out traffic wins.
 TREE_MAX_BYTES = 64 * 1024
 # Pipelining pays once a message is several segments long; smaller segments
-# cost more per-message overhead in Python than they gain in overlap.
-SEGMENT_BYTES = 1 << 20
+# cost more per-message overhead in Python than they gain in overlap
+# (measured on a 2-core VM: docs/performance.md).
+SEGMENT_BYTES = 4 << 20
 # Segments in flight into scratch per collective: scratch is SEGMENT_BYTES × WINDOW.
 WINDOW = 4
 
@@ -24,7 +25,7 @@ class Choice(NamedTuple):
 
 def select(nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None) -> Choice:
     if algorithm == "auto":
-        algorithm = "tree" if nbytes <= TREE_MAX_BYTES else "ring"
+        algorithm = "recursive_doubling" if nbytes <= TREE_MAX_BYTES else "ring"
     if segment is None:
         segment = SEGMENT_BYTES
     return Choice(algorithm, segment if nbytes > segment else 0)

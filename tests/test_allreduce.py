@@ -210,3 +210,28 @@ def test_sub_communicators(comm):
         assert_everywhere(comm, [] if np.array_equal(got, expected) else ["wrong on the split"])
     finally:
         half.Free()
+
+
+@pytest.mark.parametrize("algorithm", sorted(CATALOGUE))
+def test_segment_sizes_change_nothing_in_the_result(comm, algorithm):
+    rng = np.random.default_rng(comm.Get_rank())
+    integers = rng.integers(-1000, 1000, 2_003).astype(np.int64)
+    floats = rng.standard_normal(2_003).astype(np.float32)
+    failures = []
+    for data in (integers, floats):
+        unsegmented = allreduce(data, comm=comm, algorithm=algorithm, segment=1 << 30)
+        for segment in (200, 1000, 4096, 40_000):
+            for inplace in (False, True):
+                if inplace:
+                    result = data.copy()
+                    allreduce(MPI.IN_PLACE, result, comm=comm, algorithm=algorithm, segment=segment)
+                else:
+                    result = allreduce(data, comm=comm, algorithm=algorithm, segment=segment)
+                if value_bits(result) != value_bits(unsegmented):
+                    failures.append(f"{data.dtype} segment={segment} inplace={inplace} differs from unsegmented")
+        if not same_on_all_ranks(comm, unsegmented):
+            failures.append(f"{data.dtype}: ranks disagree")
+    expected = native_allreduce(comm, integers)
+    if not np.array_equal(allreduce(integers, comm=comm, algorithm=algorithm, segment=64), expected):
+        failures.append("integers differ from native")
+    assert_everywhere(comm, failures)

@@ -1,0 +1,87 @@
+"""The segmenting pass, checked without MPI against the unsegmented schedules."""
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ringtree.algorithms import ALGORITHMS
+from ringtree.pipeline import SLOTS, segmented
+from ringtree.schedule import INPUT, OUTPUT, OpKind
+from ringtree.verify import allreduce_schedules, verify_schedules
+
+
+def _messages(schedule):
+    """Per channel, the (buffer, offset, count) of each message, scratch buffers named alike."""
+    channels = {}
+    for op in schedule.ops:
+        if op.peer is not None:
+            ref = op.src if op.kind is OpKind.SEND else op.dst
+            name = ref.buffer if ref.buffer in (INPUT, OUTPUT) else "scratch"
+            channels.setdefault((op.kind, op.peer), []).append((name, ref.offset if name != "scratch" else None,
+                                                                ref.count))
+    return channels
+
+
+def _joined(pieces):
+    """Consecutive pieces of one region merged back, as far as they are contiguous."""
+    merged = []
+    for name, offset, count in pieces:
+        if merged and name == merged[-1][0] and name != "scratch" and merged[-1][1] + merged[-1][2] == offset:
+            merged[-1] = (name, merged[-1][1], merged[-1][2] + count)
+        else:
+            merged.append((name, offset, count))
+    return merged
+
+
+@settings(max_examples=80, deadline=None)
+@given(algorithm=st.sampled_from(sorted(ALGORITHMS)), nranks=st.integers(1, 9), count=st.integers(0, 200),
+       segment=st.integers(1, 64), window=st.integers(1, 5))
+def test_segmenting_keeps_the_collective_and_bounds_scratch(algorithm, nranks, count, segment, window):
+    plain = allreduce_schedules(algorithm, nranks, count)
+    split = [segmented(s, segment, window) for s in plain]
+    verify_schedules(split)  # still an allreduce, and cannot deadlock
+    for before, after in zip(plain, split):
+        # every op becomes ceil(c / segment) pieces of at most `segment` elements
+        assert len(after.ops) == sum(math.ceil(op.regions[0].count / segment) for op in before.ops)
+        assert all(op.regions[0].count <= segment for op in after.ops)
+        # scratch is a ring of `window` slots of at most one segment, whatever the count
+        assert all(name == SLOTS and size <= segment * window for name, size in after.scratch)
+        # each channel carries the same data in the same order, cut into segments
+        old, new = _messages(before), _messages(after)
+        assert old.keys() == new.keys()
+        for channel in old:
+            assert [c for _, _, c in old[channel]] == _regroup([c for _, _, c in new[channel]], old[channel])
+            assert [m for m in _joined(new[channel]) if m[0] != "scratch"] == \
+                [m for m in _joined(old[channel]) if m[0] != "scratch"]
+
+
+def _regroup(piece_counts, messages):
+    """Sum consecutive piece sizes back into the sizes of the original messages."""
+    sizes, i = [], 0
+    for _, _, count in messages:
+        total = 0
+        while total < count:
+            total += piece_counts[i]
+            i += 1
+        sizes.append(total)
+    assert i == len(piece_counts)
+    return sizes
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_piece_of_a_reduction_waits_only_for_its_own_piece_of_the_receive(algorithm):
+    nranks, count, segment = 4, 64, 4
+    for s in allreduce_schedules(algorithm, nranks, count):
+        after = segmented(s, segment, window=4)
+        for i, op in enumerate(after.ops):
+            if op.kind is OpKind.REDUCE:
+                received = [after.ops[d] for d in op.deps if after.ops[d].kind is OpKind.RECV]
+                assert all(r.dst.count == op.dst.count for r in received)
+                assert all(r.dst in op.srcs for r in received), f"rank {s.rank} op {i} waits for other pieces"
+
+
+def test_segmenting_rejects_nonsense():
+    schedule = allreduce_schedules("ring", 2, 10)[0]
+    with pytest.raises(ValueError, match="must be positive"):
+        segmented(schedule, 0)
