@@ -13,9 +13,11 @@ def main(argv=None) -> None:
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(bench_parser)
 
-    plot_parser = commands.add_parser("plot", help="plot busbw against size from bench --json files")
-    plot_parser.add_argument("results", nargs="+", help="JSON files written by bench --json")
+    plot_parser = commands.add_parser("plot", help="plot busbw against size from bench --json files, "
+                                                   "or a merged timeline with --timeline")
+    plot_parser.add_argument("results", nargs="+", help="JSON files written by bench --json (or one merged trace)")
     plot_parser.add_argument("-o", "--output", default="busbw.svg", help="image file (.svg or .png)")
+    plot_parser.add_argument("--timeline", action="store_true", help="the input is a merged RINGTREE_TIMELINE trace")
 
     merge_parser = commands.add_parser("timeline-merge", help="merge per-rank RINGTREE_TIMELINE files into one")
     merge_parser.add_argument("output")
@@ -25,8 +27,11 @@ def main(argv=None) -> None:
     if args.command == "bench":
         bench.run(args)
     elif args.command == "plot":
-        from .plot import plot
-        plot(args.results, args.output)
+        from .plot import plot, plot_timeline
+        if args.timeline:
+            plot_timeline(args.results[0], args.output)
+        else:
+            plot(args.results, args.output)
     else:
         from .timeline import merge
         merge(args.output, args.inputs)

@@ -31,7 +31,7 @@ class Request:
 
     def test(self) -> bool:
         if not self._execution.done:
-            PROGRESS.poll(block=False)
+            PROGRESS.poll()
         return self._execution.done
 
     def wait(self):

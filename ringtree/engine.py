@@ -11,6 +11,7 @@ one list of requests, so waiting on any of them progresses every one.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -196,13 +197,13 @@ class Progress:
         self.requests.append(request)
         self.owners.append((execution, op))
 
-    def poll(self, block: bool) -> None:
-        """Handle the requests that completed; with `block`, wait until at least one has."""
+    def poll(self) -> bool:
+        """Handle the requests that completed, if any; say whether any had."""
         if not self.requests:
-            return
-        finished = MPI.Request.Waitsome(self.requests) if block else MPI.Request.Testsome(self.requests)
+            return False
+        finished = MPI.Request.Testsome(self.requests)
         if not finished:
-            return
+            return False
         owners = self.owners
         done = [owners[i] for i in finished]
         if len(finished) == len(owners):
@@ -212,12 +213,25 @@ class Progress:
                 del self.requests[i], owners[i]
         for execution, op in done:
             execution.message_done(op)
+        return True
 
     def wait(self, execution: Execution) -> None:
+        idle = 0
         while not execution.done:
             if not self.requests:
                 raise RuntimeError("ringtree engine: a collective has ops left but no message in flight")
-            self.poll(block=True)
+            if self.poll():
+                idle = 0
+                continue
+            # Nothing arrived: after a few empty polls, let a process that shares this core run
+            # (the peer we wait for, when ranks outnumber cores); with a core to itself, this returns at once.
+            idle += 1
+            if idle >= SPINS_BEFORE_YIELD:
+                os.sched_yield()
+
+
+# Empty polls before yielding the core: long enough not to slow a dedicated core's fast path.
+SPINS_BEFORE_YIELD = 20
 
 
 PROGRESS = Progress()

@@ -32,3 +32,32 @@ def plot(result_files: list[str], output: str) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(output)
+
+
+def plot_timeline(trace_file: str, output: str) -> None:
+    """One lane per rank and kind of op (send, recv, reduce, copy), a bar per op, for the last
+    collective in a merged trace."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(trace_file) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    last = max(e["args"]["tag"] for e in events)
+    events = [e for e in events if e["args"]["tag"] == last]
+    start = min(e["ts"] for e in events)
+    kinds = ["send", "recv", "reduce", "copy"]
+    colours = dict(zip(kinds, ["tab:blue", "tab:orange", "tab:green", "tab:grey"]))
+    lanes = sorted({(e["pid"], e["name"].split()[0]) for e in events}, key=lambda l: (l[0], kinds.index(l[1])))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(lanes) + 1.2))
+    for y, (rank, kind) in enumerate(lanes):
+        bars = [((e["ts"] - start) / 1000, e["dur"] / 1000) for e in events
+                if e["pid"] == rank and e["name"].startswith(kind)]
+        ax.broken_barh(bars, (y - 0.35, 0.7), color=colours[kind], alpha=0.6, edgecolor="black", linewidth=0.3)
+    ax.set_yticks(range(len(lanes)), [f"rank {rank} {kind}" for rank, kind in lanes])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (a send or receive spans from its posting to its completion)")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(output)
