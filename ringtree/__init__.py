@@ -2,9 +2,11 @@
 
     from ringtree.allreduce import allreduce, iallreduce
     import ringtree; comm = ringtree.Communicator(MPI.COMM_WORLD)
+    bucketer = ringtree.GradientBucketer(gradients)   # fused, overlapped, for training
 """
 
+from .buckets import GradientBucketer
 from .communicator import Communicator
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "GradientBucketer"]
 __version__ = "0.1.0"

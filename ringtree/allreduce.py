@@ -149,7 +149,9 @@ def _checked_on_rank(sendbuf, recvbuf, op, algorithm, segment):
 def _array_backend(buf, name):
     backend = backend_for(buf)
     if backend is None:
-        raise TypeError(f"{name} must be a numpy array, got {type(buf).__name__}")
+        kind = type(buf)
+        raise TypeError(f"{name} must be a numpy array, got {kind.__module__}.{kind.__qualname__}"
+                        if kind.__module__ != "builtins" else f"{name} must be a numpy array, got {kind.__name__}")
     if not buf.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous (strides {buf.strides} for shape {buf.shape}); "
                          "pass a contiguous copy, e.g. numpy.ascontiguousarray")
