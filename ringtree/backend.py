@@ -15,7 +15,7 @@ _UFUNCS = {
 
 
 class NumpyBackend:
-    name = "numpy"
+    """numpy arrays on the host."""
 
     @staticmethod
     def owns(array) -> bool:

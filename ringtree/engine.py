@@ -21,9 +21,8 @@ from mpi4py import MPI
 from . import timeline
 from .algorithms import ALGORITHMS
 from .pipeline import segmented
-from .schedule import INPUT, OUTPUT, OpKind, Schedule
+from .schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow
 
-_SEND, _RECV, _REDUCE, _COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,21 +47,7 @@ class CompiledSchedule:
 
 
 def compile_schedule(schedule: Schedule, itemsize: int) -> CompiledSchedule:
-    n = len(schedule.ops)
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    channel_next = [-1] * n
-    pending = [len(op.deps) for op in schedule.ops]
-    last_on_channel: dict[tuple[OpKind, int], int] = {}
-    for i, op in enumerate(schedule.ops):
-        for d in op.deps:
-            dependents[d].append(i)
-        if op.peer is not None:
-            prev = last_on_channel.get((op.kind, op.peer))
-            if prev is not None:
-                channel_next[prev] = i
-                pending[i] += 1
-            last_on_channel[(op.kind, op.peer)] = i
-
+    flow = dataflow(schedule)
     number = {INPUT: 0, OUTPUT: 1, **{name: 2 + k for k, (name, _) in enumerate(schedule.scratch)}}
 
     def elements(ref):
@@ -71,17 +56,17 @@ def compile_schedule(schedule: Schedule, itemsize: int) -> CompiledSchedule:
     actions = []
     for op in schedule.ops:
         if op.peer is not None:
-            ref = op.src if op.kind is _SEND else op.dst
+            ref = op.src if op.kind is OpKind.SEND else op.dst
             actions.append((op.kind.value, op.peer, number[ref.buffer],
                             slice(ref.offset * itemsize, ref.end * itemsize)))
         else:
             actions.append((op.kind.value, elements(op.dst), *map(elements, op.srcs)))
-    in_place = [None if op.kind is _COPY and op.src.buffer == INPUT and op.dst.buffer == OUTPUT
+    in_place = [None if op.kind is OpKind.COPY and op.src.buffer == INPUT and op.dst.buffer == OUTPUT
                 and op.src.offset == op.dst.offset else action for op, action in zip(schedule.ops, actions)]
     messaged = frozenset(action[2] for action in actions if action[0] in ("send", "recv"))
-    return CompiledSchedule(schedule, tuple(map(tuple, dependents)), tuple(channel_next), tuple(pending),
-                            tuple(i for i, p in enumerate(pending) if p == 0), tuple(actions), tuple(in_place),
-                            messaged)
+    return CompiledSchedule(schedule, flow.dependents, flow.channel_next, flow.initial_pending,
+                            tuple(i for i, p in enumerate(flow.initial_pending) if p == 0), tuple(actions),
+                            tuple(in_place), messaged)
 
 
 @lru_cache(maxsize=256)
@@ -124,7 +109,7 @@ class Execution:
     def _run(self, ready: list[int]) -> None:
         """Post every ready message; then compute one ready op, and repeat."""
         actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending
-        channel_next, dependents = self.plan.channel_next, self.plan.dependents
+        channel_next = self.plan.channel_next
         tracing = timeline.ACTIVE
         while True:
             while ready:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 
-from .schedule import INPUT, OUTPUT, Op, Ref, Schedule, ScheduleBuilder
+from .schedule import INPUT, OUTPUT, Op, Ref, Schedule, ScheduleBuilder, dataflow
 
 SLOTS = "slots"
 
@@ -71,30 +71,20 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
         b.scratch(name, size)
     for piece in pieces:
         b.add(piece)
-    waits_for = [list(op.deps) for op in b.build().ops]
-    last_on_channel: dict[tuple, int] = {}
-    for i, piece in enumerate(pieces):
-        if piece.peer is not None:
-            channel = (piece.kind, piece.peer)
-            if channel in last_on_channel:
-                waits_for[i].append(last_on_channel[channel])
-            last_on_channel[channel] = i
-
-    unblocks: list[list[int]] = [[] for _ in pieces]
-    pending = [len(w) for w in waits_for]
-    for i, deps in enumerate(waits_for):
-        for d in deps:
-            unblocks[d].append(i)
+    flow = dataflow(b.build())
+    # Emitting a piece is posting it: it releases its dependents and the next piece on its channel.
+    pending = list(flow.initial_pending)
     ready = [(priorities[i], i) for i, p in enumerate(pending) if p == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         _, i = heapq.heappop(ready)
         order.append(i)
-        for j in unblocks[i]:
-            pending[j] -= 1
-            if pending[j] == 0:
-                heapq.heappush(ready, (priorities[j], j))
+        for j in (*flow.dependents[i], flow.channel_next[i]):
+            if j >= 0:
+                pending[j] -= 1
+                if pending[j] == 0:
+                    heapq.heappush(ready, (priorities[j], j))
     return order
 
 

@@ -205,3 +205,35 @@ def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
     bounds = [i * count // parts for i in range(parts + 1)]
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
 
+
+
+@dataclass(frozen=True, slots=True)
+class Dataflow:
+    """How one rank's ops release each other, for whatever runs a schedule.
+
+    An op may run once its deps have finished and, for a message, once the
+    previous message on its channel (same kind, same peer) has been posted:
+    posting in schedule order per channel is what makes matching by order work.
+    """
+
+    dependents: tuple[tuple[int, ...], ...]  # ops whose deps include this one
+    channel_next: tuple[int, ...]  # the next message on the same channel, or -1
+    initial_pending: tuple[int, ...]  # deps, plus one for an earlier message on the same channel
+
+
+def dataflow(schedule: Schedule) -> Dataflow:
+    n = len(schedule.ops)
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    channel_next = [-1] * n
+    pending = [len(op.deps) for op in schedule.ops]
+    last_on_channel: dict[tuple[OpKind, int], int] = {}
+    for i, op in enumerate(schedule.ops):
+        for d in op.deps:
+            dependents[d].append(i)
+        if op.peer is not None:
+            previous = last_on_channel.get((op.kind, op.peer))
+            if previous is not None:
+                channel_next[previous] = i
+                pending[i] += 1
+            last_on_channel[(op.kind, op.peer)] = i
+    return Dataflow(tuple(map(tuple, dependents)), tuple(channel_next), tuple(pending))

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from .algorithms import ALGORITHMS
-from .schedule import INPUT, OUTPUT, OpKind, Schedule
+from .schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow
 
 
 class ScheduleError(AssertionError):
@@ -95,22 +95,10 @@ class _SymbolicRank:
         self.defined = {name: np.zeros(size, bool) for name, size in schedule.buffer_sizes().items()}
         self.buffers[INPUT][:, self.rank] = 1
         self.defined[INPUT][:] = True
-        ops = schedule.ops
-        self.done = [False] * len(ops)
-        # As the engine: an op waits for its deps, and a message also for the previous one on its channel.
-        self.pending = [len(op.deps) for op in ops]
-        self.dependents: list[list[int]] = [[] for _ in ops]
-        self.channel_next = [-1] * len(ops)
-        last_on_channel: dict[tuple[OpKind, int], int] = {}
-        for i, op in enumerate(ops):
-            for d in op.deps:
-                self.dependents[d].append(i)
-            if op.peer is not None:
-                prev = last_on_channel.get((op.kind, op.peer))
-                if prev is not None:
-                    self.channel_next[prev] = i
-                    self.pending[i] += 1
-                last_on_channel[(op.kind, op.peer)] = i
+        self.done = [False] * len(schedule.ops)
+        flow = dataflow(schedule)  # as the engine: deps, and channel order for messages
+        self.pending = list(flow.initial_pending)
+        self.dependents, self.channel_next = flow.dependents, flow.channel_next
         self.ready = [i for i, p in enumerate(self.pending) if p == 0]
 
     def post_ready(self) -> list[int]:
