@@ -6,6 +6,7 @@ input raises TypeError or ValueError and leaves the buffers untouched.
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 from mpi4py import MPI
@@ -122,7 +123,7 @@ def _checked_on_rank(sendbuf, recvbuf, op, algorithm, segment):
     kind = parse_op(op)
     if algorithm != "auto" and algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; use 'auto' or one of {sorted(ALGORITHMS)}")
-    if segment is not None and (not isinstance(segment, int) or segment < 1):
+    if segment is not None and not (isinstance(segment, numbers.Integral) and segment >= 1):
         raise ValueError(f"segment must be a positive number of bytes, got {segment!r}")
     if sendbuf is MPI.IN_PLACE:
         if recvbuf is None:

@@ -225,7 +225,7 @@ def test_segment_sizes_change_nothing_in_the_result(comm, algorithm):
     failures = []
     for data in (integers, floats):
         unsegmented = allreduce(data, comm=comm, algorithm=algorithm, segment=1 << 30)
-        for segment in (200, 1000, 4096, 40_000):
+        for segment in (200, 1000, np.int64(4096), 40_000):
             for inplace in (False, True):
                 if inplace:
                     result = data.copy()

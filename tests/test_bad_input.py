@@ -49,6 +49,10 @@ CASES = [
     ("op of the wrong type", lambda: np.ones(4), None, {"op": 3}, TypeError, "op must be an MPI.Op or a string"),
     ("unknown algorithm", lambda: np.ones(4), None, {"algorithm": "butterfly"}, ValueError,
      "unknown algorithm 'butterfly'"),
+    ("segment of zero bytes", lambda: np.ones(4), None, {"segment": 0}, ValueError,
+     "segment must be a positive number of bytes"),
+    ("segment that is not a number", lambda: np.ones(4), None, {"segment": "1M"}, ValueError,
+     "segment must be a positive number of bytes, got '1M'"),
     ("a list instead of an array", lambda: [1.0, 2.0], None, {}, TypeError, "sendbuf must be a numpy array, got list"),
     ("overlapping buffers", "overlap", None, {}, ValueError, "overlap"),
 ]
