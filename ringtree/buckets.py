@@ -32,7 +32,7 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb
 @dataclass
 class _Bucket:
     members: list[int]  # indices into the arrays, in the order they are packed
-    offsets: list[int]  # element offset of each member in `flat`
+    offsets: dict[int, int]  # element offset in `flat` of each member
     flat: object  # fused buffer, or None for a bucket of one array reduced in place
     ready: set[int] = field(default_factory=set)
     request: Request | None = None
@@ -78,11 +78,11 @@ class GradientBucketer:
         buckets = []
         for members in groups:
             if len(members) == 1:
-                buckets.append(_Bucket(members, [0], None))
+                buckets.append(_Bucket(members, {members[0]: 0}, None))
                 continue
-            offsets, total = [], 0
+            offsets, total = {}, 0
             for i in members:
-                offsets.append(total)
+                offsets[i] = total
                 total += self.arrays[i].size
             first = self.arrays[members[0]]
             buckets.append(_Bucket(members, offsets, backend_for(first).empty(total, first.dtype)))
@@ -100,7 +100,7 @@ class GradientBucketer:
         if index in bucket.ready:
             raise ValueError(f"array {index} was marked ready twice in one step")
         if bucket.flat is not None:
-            offset = bucket.offsets[bucket.members.index(index)]
+            offset = bucket.offsets[index]
             bucket.flat[offset:offset + self.arrays[index].size] = self.arrays[index].reshape(-1)
         bucket.ready.add(index)
         while self.launched < len(self.buckets) and \
@@ -125,7 +125,7 @@ class GradientBucketer:
             bucket.request.wait()
         for bucket in self.buckets:
             if bucket.flat is not None:
-                for i, offset in zip(bucket.members, bucket.offsets):
+                for i, offset in bucket.offsets.items():
                     self.arrays[i].reshape(-1)[:] = bucket.flat[offset:offset + self.arrays[i].size]
             bucket.ready.clear()
             bucket.request = None
