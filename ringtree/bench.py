@@ -20,11 +20,9 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .ops import ReduceOp, check_dtype, parse_op
+from .ops import MPI_OP, ReduceOp, check_dtype, parse_op
 
 NATIVE = "native"
-_NATIVE_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
-               ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +88,7 @@ def _measure_size(comm, algorithms, count, dtype, op, args) -> list[dict]:
     # Small integers: every order of summation gives the same bits, so results can be checked exactly.
     data = (np.arange(count) % 7 + rank % 3 + 1).astype(dtype)
     expected = np.empty_like(data)
-    comm.Allreduce(data, expected, _NATIVE_OPS[op])
+    comm.Allreduce(data, expected, MPI_OP[op])
     if op is ReduceOp.AVG:
         expected /= size
     out = np.empty_like(data)
@@ -147,7 +145,7 @@ def _call(comm, name, data, out, op, args):
     """A function running one allreduce of `data` into `out` (of `out` into itself, in place)."""
     send = MPI.IN_PLACE if args.inplace else data
     if name == NATIVE:
-        native_op = _NATIVE_OPS[op]
+        native_op = MPI_OP[op]
         if op is ReduceOp.AVG:
             def native_average():
                 comm.Allreduce(send, out, native_op)

@@ -44,6 +44,8 @@ _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f":
 
 
 _BY_HANDLE = {mpi_op.handle: ours for mpi_op, ours in _MPI_OPS}
+# The MPI op that computes each of ours; avg is MPI's SUM, divided by the number of ranks after.
+MPI_OP = {ReduceOp.AVG: MPI.SUM, **{ours: mpi_op for mpi_op, ours in _MPI_OPS}}
 
 
 def parse_op(op) -> ReduceOp:
