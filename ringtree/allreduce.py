@@ -14,7 +14,8 @@ from mpi4py import MPI
 from .algorithms import ALGORITHMS
 from .backend import backend_for
 from .comm import comm_state
-from .engine import PROGRESS, CompiledSchedule, Execution, compiled
+from . import timeline
+from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
 from .ops import ReduceOp, check_dtype, parse_op
 from .selector import WINDOW, select
 
@@ -57,55 +58,74 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     returned. `algorithm` is "auto" or a name from ringtree.algorithms.ALGORITHMS;
     `segment` (bytes) overrides the pipeline's segment size.
     """
-    return iallreduce(sendbuf, recvbuf, op, comm=comm, algorithm=algorithm, segment=segment).wait()
+    call, state, source, target, recvbuf, inplace = _prepare(sendbuf, recvbuf, op, comm, algorithm, segment)
+    program = call.in_place_program if inplace else call.program
+    if program is None or PROGRESS.requests or timeline.ACTIVE:
+        return _start(call, state, source, target, recvbuf, inplace).wait()
+    # Small, and nothing else in flight to progress meanwhile: run it straight through.
+    scratch = call.free_scratch.pop() if call.free_scratch else call.new_scratch()
+    run_blocking(program, [source, target, *scratch], call.reduce, call.backend.copy, state.comm, state.next_tag())
+    if call.average:
+        call.backend.divide(target, state.size)
+    call.free_scratch.append(scratch)
+    return recvbuf
+
+
+def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None) -> Request:
+    """Start an allreduce and return its Request; arguments as for `allreduce`."""
+    return _start(*_prepare(sendbuf, recvbuf, op, comm, algorithm, segment))
 
 
 class _CallPlan(NamedTuple):
     """What every call of one shape shares: built on the first, looked up after."""
 
     plan: CompiledSchedule
+    program: tuple | None  # the plan's blocking program, when the lean path may run it
+    in_place_program: tuple | None
+    backend: object
     reduce: object
     average: bool
+    dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
 
+    def new_scratch(self) -> list:
+        return [self.backend.empty(size, self.dtype) for _, size in self.plan.schedule.scratch]
 
-def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None) -> Request:
-    """Start an allreduce and return its Request; arguments as for `allreduce`."""
+
+def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment):
+    """Check the arguments and find (or build) the call plan; return what a call needs."""
     if comm is None:
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, kind, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
     state = comm_state(comm)
     if recvbuf is None:
         recvbuf = backend.empty_like(sendbuf)
-    target = recvbuf.reshape(-1)
-    source = target if inplace else sendbuf.reshape(-1)
+    target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
     dtype = target.dtype
-
     key = (backend, algorithm, target.size, dtype, kind, segment)
     call = state.plans.get(key)
     if call is None:
         choice = select(target.nbytes, state.size, algorithm, segment)
-        plan = compiled(choice.algorithm, state.size, state.rank, target.size, dtype.itemsize,
+        plan = compiled(choice.algorithm, state.size, state.rank, target.size,
                         max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW)
-        call = state.plans[key] = _CallPlan(plan, backend.reducer(kind), kind is ReduceOp.AVG, [])
+        lean = choice.blocking and plan.program is not None
+        call = state.plans[key] = _CallPlan(plan, plan.program if lean else None,
+                                            plan.in_place_program if lean else None, backend,
+                                            backend.reducer(kind), kind is ReduceOp.AVG, dtype, [])
+    return call, state, source, target, recvbuf, inplace
 
-    # Byte views for MPI, of the buffers that messages use.
-    messaged = call.plan.messaged
-    source_bytes = backend.as_bytes(source) if 0 in messaged or inplace and 1 in messaged else None
-    target_bytes = source_bytes if inplace else backend.as_bytes(target) if 1 in messaged else None
-    if call.free_scratch:
-        scratch, scratch_bytes = call.free_scratch.pop()
-    else:
-        scratch = [backend.empty(size, dtype) for _, size in call.plan.schedule.scratch]
-        scratch_bytes = [backend.as_bytes(array) for array in scratch]
+
+def _start(call, state, source, target, recvbuf, inplace) -> Request:
+    scratch = call.free_scratch.pop() if call.free_scratch else call.new_scratch()
 
     def finish():
         if call.average:
-            backend.divide(target, state.size)
-        call.free_scratch.append((scratch, scratch_bytes))
+            call.backend.divide(target, state.size)
+        call.free_scratch.append(scratch)
 
-    execution = Execution(call.plan, [source, target, *scratch], [source_bytes, target_bytes, *scratch_bytes],
-                          inplace, call.reduce, backend.copy, state.comm, state.next_tag(), finish)
+    execution = Execution(call.plan, [source, target, *scratch], inplace, call.reduce, call.backend.copy,
+                          state.comm, state.next_tag(), finish)
     return Request(execution, recvbuf)
 
 
@@ -114,37 +134,35 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"ringtree allreduce: comm must be an intracommunicator, got {comm!r}")
     try:
-        return _checked_on_rank(sendbuf, recvbuf, op, algorithm, segment)
+        kind = parse_op(op)
+        if algorithm != "auto" and algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; use 'auto' or one of {sorted(ALGORITHMS)}")
+        if segment is not None and not (isinstance(segment, numbers.Integral) and segment >= 1):
+            raise ValueError(f"segment must be a positive number of bytes, got {segment!r}")
+        if sendbuf is MPI.IN_PLACE:
+            if recvbuf is None:
+                raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
+            sendbuf = recvbuf
+        backend = _array_backend(sendbuf, "sendbuf")
+        check_dtype(sendbuf.dtype, kind)
+        if recvbuf is None:
+            return sendbuf, None, kind, backend, False
+        if not recvbuf.flags.writeable:
+            raise ValueError("recvbuf is read-only")
+        if recvbuf is sendbuf:
+            return sendbuf, recvbuf, kind, backend, True
+        if _array_backend(recvbuf, "recvbuf") is not backend:
+            raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
+        if recvbuf.dtype != sendbuf.dtype:
+            raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
+        if recvbuf.shape != sendbuf.shape:
+            raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
+        aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
+        if aliasing == "overlap":
+            raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
+        return sendbuf, recvbuf, kind, backend, aliasing == "same"
     except (TypeError, ValueError) as error:
         raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
-
-
-def _checked_on_rank(sendbuf, recvbuf, op, algorithm, segment):
-    kind = parse_op(op)
-    if algorithm != "auto" and algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; use 'auto' or one of {sorted(ALGORITHMS)}")
-    if segment is not None and not (isinstance(segment, numbers.Integral) and segment >= 1):
-        raise ValueError(f"segment must be a positive number of bytes, got {segment!r}")
-    if sendbuf is MPI.IN_PLACE:
-        if recvbuf is None:
-            raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
-        sendbuf = recvbuf
-    backend = _array_backend(sendbuf, "sendbuf")
-    check_dtype(sendbuf.dtype, kind)
-    if recvbuf is None:
-        return sendbuf, None, kind, backend, False
-    if _array_backend(recvbuf, "recvbuf") is not backend:
-        raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
-    if recvbuf.dtype != sendbuf.dtype:
-        raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
-    if recvbuf.shape != sendbuf.shape:
-        raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
-    if not recvbuf.flags.writeable:
-        raise ValueError("recvbuf is read-only")
-    aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
-    if aliasing == "overlap":
-        raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
-    return sendbuf, recvbuf, kind, backend, aliasing == "same"
 
 
 def _array_backend(buf, name):

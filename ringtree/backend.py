@@ -35,13 +35,8 @@ class NumpyBackend:
 
     @staticmethod
     def reducer(op: ReduceOp):
-        """A function (left, right, out) writing left (+) right into out, with no temporary."""
-        ufunc = _UFUNCS[op]
-
-        def reduce(left, right, out):
-            ufunc(left, right, out=out)
-
-        return reduce
+        """A function (left, right, out=) writing left (+) right into out, with no temporary: the ufunc."""
+        return _UFUNCS[op]
 
     @staticmethod
     def copy(dst, src) -> None:
@@ -56,6 +51,8 @@ class NumpyBackend:
         """None if a and b are apart in memory, "same" if they are one region, else "overlap"."""
         if a is b:
             return "same"
+        if a.flags.owndata and b.flags.owndata:  # two allocations of numpy's own never overlap
+            return None
         if not np.may_share_memory(a, b):
             return None
         if a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes:
@@ -65,6 +62,6 @@ class NumpyBackend:
 
 def backend_for(array):
     """The backend that handles `array`, or None."""
-    if NumpyBackend.owns(array):
+    if type(array) is np.ndarray or NumpyBackend.owns(array):
         return NumpyBackend
     return None

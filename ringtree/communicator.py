@@ -6,7 +6,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from .allreduce import Request, iallreduce
+from .allreduce import Request, allreduce, iallreduce
 
 
 class Communicator:
@@ -23,9 +23,13 @@ class Communicator:
         self.comm = comm
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> None:
-        self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm).wait()
+        allreduce(*self._arrays(sendbuf, recvbuf), op, comm=self.comm, algorithm=algorithm)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> Request:
+        return iallreduce(*self._arrays(sendbuf, recvbuf), op, comm=self.comm, algorithm=algorithm)
+
+    def _arrays(self, sendbuf, recvbuf):
+        """The buffer specifications as arrays, checked against each other."""
         rank = self.comm.Get_rank()
         try:
             recv = as_array(recvbuf, writable=True)
@@ -35,7 +39,7 @@ class Communicator:
         if send is not MPI.IN_PLACE and send.size != recv.size:
             raise ValueError(f"ringtree Allreduce on rank {rank}: sendbuf has {send.size} elements "
                              f"but recvbuf has {recv.size}")
-        return iallreduce(send, recv, op, comm=self.comm, algorithm=algorithm)
+        return send, recv
 
     def __getattr__(self, name):
         return getattr(self.comm, name)

@@ -21,8 +21,7 @@ from mpi4py import MPI
 from . import timeline
 from .algorithms import ALGORITHMS
 from .pipeline import segmented
-from .schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow
-
+from .schedule import INPUT, OUTPUT, OpKind, Schedule, blocking_steps, dataflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,61 +37,114 @@ class CompiledSchedule:
     channel_next: tuple[int, ...]  # next message op on the same (kind, peer), or -1
     initial_pending: tuple[int, ...]  # deps, plus one for an earlier message on the same channel
     first_ready: tuple[int, ...]  # ops with nothing to wait for
-    # Per op: ("send" | "recv", peer, buffer, byte slice) for messages;
+    # Per op: ("send" | "recv", peer, buffer, element slice) for messages;
     # ("reduce", dst, left, right) or ("copy", dst, src) with (buffer, element slice) regions for the rest;
     # None for a copy of the input onto itself when the call is in place.
     actions: tuple[tuple, ...]
     in_place_actions: tuple[tuple | None, ...]
-    messaged: frozenset[int]  # buffers that messages send from or receive into
+    # For run_blocking, unsegmented schedules only (else None): one entry per blocking step,
+    # ("sendrecv", peer, region, peer, region), ("send" | "recv", peer, region), or a compute action as above;
+    # a region is (buffer, element slice or None for all of it).
+    program: tuple[tuple, ...] | None
+    in_place_program: tuple[tuple, ...] | None
 
 
-def compile_schedule(schedule: Schedule, itemsize: int) -> CompiledSchedule:
+def compile_schedule(schedule: Schedule, blocking: bool = False) -> CompiledSchedule:
+    """The schedule as the engine walks it; with `blocking`, also as run_blocking does."""
     flow = dataflow(schedule)
     number = {INPUT: 0, OUTPUT: 1, **{name: 2 + k for k, (name, _) in enumerate(schedule.scratch)}}
+    sizes = schedule.buffer_sizes()
 
     def elements(ref):
         return number[ref.buffer], slice(ref.offset, ref.end)
+
+    def region(ref):
+        whole = ref.offset == 0 and ref.count == sizes[ref.buffer]
+        return number[ref.buffer], None if whole else slice(ref.offset, ref.end)
 
     actions = []
     for op in schedule.ops:
         if op.peer is not None:
             ref = op.src if op.kind is OpKind.SEND else op.dst
-            actions.append((op.kind.value, op.peer, number[ref.buffer],
-                            slice(ref.offset * itemsize, ref.end * itemsize)))
+            actions.append((op.kind.value, op.peer, *elements(ref)))
         else:
             actions.append((op.kind.value, elements(op.dst), *map(elements, op.srcs)))
     in_place = [None if op.kind is OpKind.COPY and op.src.buffer == INPUT and op.dst.buffer == OUTPUT
                 and op.src.offset == op.dst.offset else action for op, action in zip(schedule.ops, actions)]
-    messaged = frozenset(action[2] for action in actions if action[0] in ("send", "recv"))
+
+    def program(inplace):
+        steps = []
+        for step in blocking_steps(schedule):
+            ops = [schedule.ops[i] for i in step]
+            if len(step) == 2:
+                send, recv = ops if ops[0].kind is OpKind.SEND else ops[::-1]
+                steps.append(("sendrecv", send.peer, region(send.src), recv.peer, region(recv.dst)))
+            elif ops[0].peer is not None:
+                steps.append((ops[0].kind.value, ops[0].peer, region(ops[0].regions[0])))
+            elif not (inplace and in_place[step[0]] is None):
+                steps.append((ops[0].kind.value, region(ops[0].dst), *map(region, ops[0].srcs)))
+        return tuple(steps)
+
     return CompiledSchedule(schedule, flow.dependents, flow.channel_next, flow.initial_pending,
                             tuple(i for i, p in enumerate(flow.initial_pending) if p == 0), tuple(actions),
-                            tuple(in_place), messaged)
+                            tuple(in_place), program(False) if blocking else None,
+                            program(True) if blocking else None)
 
 
 @lru_cache(maxsize=256)
-def compiled(algorithm: str, nranks: int, rank: int, count: int, itemsize: int, segment: int = 0,
+def compiled(algorithm: str, nranks: int, rank: int, count: int, segment: int = 0,
              window: int = 4) -> CompiledSchedule:
     """The schedule to run, built once per shape. `segment` in elements; 0 means no segmenting."""
     schedule = ALGORITHMS[algorithm](nranks, rank, count)
     if segment:
         schedule = segmented(schedule, segment, window)
-    return compile_schedule(schedule, itemsize)
+    return compile_schedule(schedule, blocking=not segment)
+
+
+def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: MPI.Comm, tag: int) -> None:
+    """Run a compiled program to the end, blocking on each step: the lean path for small messages.
+
+    Only for when no other collective is in flight in this process, since it
+    progresses nothing else. Messages go as bytes: [region, MPI.BYTE].
+    """
+    for step in program:
+        kind = step[0]
+        if kind == "sendrecv":
+            _, to, (s, ss), source, (r, rs) = step
+            comm.Sendrecv([buffers[s] if ss is None else buffers[s][ss], BYTE], to, tag,
+                          [buffers[r] if rs is None else buffers[r][rs], BYTE], source, tag)
+        elif kind == "reduce":
+            (d, ds), (l, ls), (r, rs) = step[1:]
+            reduce(buffers[l] if ls is None else buffers[l][ls], buffers[r] if rs is None else buffers[r][rs],
+                   out=buffers[d] if ds is None else buffers[d][ds])
+        elif kind == "copy":
+            (d, ds), (s, ss) = step[1:]
+            copy(buffers[d] if ds is None else buffers[d][ds], buffers[s] if ss is None else buffers[s][ss])
+        else:
+            _, peer, (b, bs) = step
+            message = [buffers[b] if bs is None else buffers[b][bs], BYTE]
+            if kind == "send":
+                comm.Send(message, peer, tag)
+            else:
+                comm.Recv(message, peer, tag)
+
+
+BYTE = MPI.BYTE
 
 
 class Execution:
     """One rank's run of one collective."""
 
-    __slots__ = ("plan", "actions", "buffers", "raw", "reduce", "copy", "comm", "tag", "finish",
+    __slots__ = ("plan", "actions", "buffers", "reduce", "copy", "comm", "tag", "finish",
                  "pending", "remaining", "done", "computes")
 
-    def __init__(self, plan: CompiledSchedule, buffers: list, raw: list, inplace: bool, reduce, copy,
+    def __init__(self, plan: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
                  comm: MPI.Comm, tag: int, finish) -> None:
-        """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `raw`: the same as bytes
-        (None for buffers no message uses); `inplace`: input and output are the same memory."""
+        """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `inplace`: input and
+        output are the same memory. Messages go as bytes: [region, MPI.BYTE]."""
         self.plan = plan
         self.actions = plan.in_place_actions if inplace else plan.actions
         self.buffers = buffers
-        self.raw = raw
         self.reduce = reduce
         self.copy = copy
         self.comm = comm
@@ -117,9 +169,9 @@ class Execution:
                 action = actions[i]
                 kind = action[0] if action is not None else "copy"
                 if kind == "send":
-                    request = self.comm.Isend(self.raw[action[2]][action[3]], action[1], self.tag)
+                    request = self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag)
                 elif kind == "recv":
-                    request = self.comm.Irecv(self.raw[action[2]][action[3]], action[1], self.tag)
+                    request = self.comm.Irecv([buffers[action[2]][action[3]], BYTE], action[1], self.tag)
                 else:
                     computes.append(i)
                     continue
@@ -140,7 +192,7 @@ class Execution:
                 pass  # in place: the input already is the output
             elif action[0] == "reduce":
                 (d, ds), (l, ls), (r, rs) = action[1:]
-                self.reduce(buffers[l][ls], buffers[r][rs], buffers[d][ds])
+                self.reduce(buffers[l][ls], buffers[r][rs], out=buffers[d][ds])
             else:
                 (d, ds), (s, ss) = action[1:]
                 self.copy(buffers[d][ds], buffers[s][ss])

@@ -44,12 +44,17 @@ _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f":
 
 
 _BY_HANDLE = {mpi_op.handle: ours for mpi_op, ours in _MPI_OPS}
+# mpi4py's predefined Op objects live as long as the process, so their ids are a safe first lookup.
+_BY_ID = {id(mpi_op): ours for mpi_op, ours in _MPI_OPS} | {id(ours): ours for ours in ReduceOp}
 # The MPI op that computes each of ours; avg is MPI's SUM, divided by the number of ranks after.
 MPI_OP = {ReduceOp.AVG: MPI.SUM, **{ours: mpi_op for mpi_op, ours in _MPI_OPS}}
 
 
 def parse_op(op) -> ReduceOp:
     """An MPI.Op among MPI's predefined ones, or one of the strings sum, prod, min, max, avg."""
+    known = _BY_ID.get(id(op))
+    if known is not None:
+        return known
     if isinstance(op, MPI.Op):
         try:
             return _BY_HANDLE[op.handle]
@@ -68,8 +73,14 @@ def parse_op(op) -> ReduceOp:
 
 def check_dtype(dtype: np.dtype, op: ReduceOp) -> None:
     """Raise TypeError unless `op` is defined on `dtype`."""
+    if (dtype, op) in _ALLOWED:
+        return
     if dtype.kind not in _KIND_NAMES:
         raise TypeError(f"dtype {dtype} cannot be reduced: ringtree reduces bool and numeric dtypes")
     if dtype.kind not in _KINDS[op]:
         allowed = ", ".join(_KIND_NAMES[k] for k in _KINDS[op])
         raise TypeError(f"op {op.value} is not defined for dtype {dtype}; it takes {allowed} dtypes")
+    _ALLOWED.add((dtype, op))
+
+
+_ALLOWED: set[tuple[np.dtype, ReduceOp]] = set()  # pairs check_dtype has passed

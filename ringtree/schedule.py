@@ -200,6 +200,28 @@ class ScheduleBuilder:
         return self._hazards[OUTPUT if ref.buffer == INPUT else ref.buffer]
 
 
+def blocking_steps(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
+    """The ops in their listed order, as steps for a runner that blocks on each.
+
+    A send and a receive listed next to each other, neither depending on the
+    other, form one step (both in flight together, as MPI_Sendrecv); every
+    other op is a step of its own. Every generator lists its ops so that this
+    order cannot deadlock; the verifier checks it.
+    """
+    ops, steps, i = schedule.ops, [], 0
+    while i < len(ops):
+        op = ops[i]
+        following = ops[i + 1] if i + 1 < len(ops) else None
+        if (following is not None and op.peer is not None and following.peer is not None
+                and op.kind is not following.kind and i not in following.deps):
+            steps.append((i, i + 1))
+            i += 2
+        else:
+            steps.append((i,))
+            i += 1
+    return tuple(steps)
+
+
 def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
     """Split range(count) into `parts` contiguous (offset, size) chunks differing by at most one."""
     bounds = [i * count // parts for i in range(parts + 1)]

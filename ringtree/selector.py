@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 # Up to this size latency dominates: recursive doubling's log2(N) exchanges beat
 # the ring's 2(N-1) steps; above it the ring's smaller, spread-out traffic wins.
+# A blocking call this small also runs its schedule step by step, with blocking
+# MPI calls, which costs less Python per call than the progress engine.
 SMALL_MAX_BYTES = 64 * 1024
 # Pipelining pays once a message is several segments long; smaller segments
 # cost more per-message overhead in Python than they gain in overlap.
@@ -21,6 +23,7 @@ WINDOW = 4
 class Choice(NamedTuple):
     algorithm: str
     segment: int  # bytes per segment; 0: messages are not split
+    blocking: bool  # a blocking call may run the schedule step by step (the lean path)
 
 
 def select(nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None) -> Choice:
@@ -29,4 +32,4 @@ def select(nbytes: int, nranks: int, algorithm: str = "auto", segment: int | Non
         algorithm = "recursive_doubling" if nbytes <= SMALL_MAX_BYTES else "ring"
     if segment is None:
         segment = SEGMENT_BYTES
-    return Choice(algorithm, segment if nbytes > segment else 0)
+    return Choice(algorithm, segment if nbytes > segment else 0, nbytes <= SMALL_MAX_BYTES)

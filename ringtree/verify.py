@@ -1,10 +1,12 @@
 """Check a collective's schedules for all ranks without MPI, by executing them on symbolic data.
 
 Every element of every buffer holds a vector of counts: how many times each
-rank's input has been added into it. Ranks run together as the engine would
-run them, with sends that complete only once their receive is posted, so a
-schedule that could deadlock is caught. At the end every rank's output must
-hold every rank's input exactly once, in every element.
+rank's input has been added into it. Ranks run together, with sends that
+complete only once their receive is posted, so a schedule that could deadlock
+is caught. They run twice: as the engine runs them (any op whose dependencies
+are met), and as the blocking runner does (one step at a time, in listed
+order). Each time, every rank's output must end up holding every rank's input
+exactly once, in every element.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from .algorithms import ALGORITHMS
-from .schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow
+from .schedule import INPUT, OUTPUT, OpKind, Schedule, blocking_steps, dataflow
 
 
 class ScheduleError(AssertionError):
@@ -31,14 +33,22 @@ def verify(algorithm: str, nranks: int, count: int) -> None:
     verify_schedules(allreduce_schedules(algorithm, nranks, count))
 
 
-def verify_schedules(schedules: Sequence[Schedule]) -> None:
+def verify_schedules(schedules: Sequence[Schedule], *, blocking: bool = True) -> None:
+    """Raise ScheduleError unless the schedules compute an allreduce without deadlock: as the engine
+    runs them and, with `blocking`, as the blocking runner does (which only takes unsegmented ones)."""
     nranks = len(schedules)
-    ranks = [_SymbolicRank(s, nranks) for s in schedules]
     for r, s in enumerate(schedules):
         if (s.rank, s.nranks) != (r, nranks):
             raise ScheduleError(f"schedule {r} claims to be rank {s.rank} of {s.nranks}")
         _check_deps(s)
+    _run_as_engine(schedules)
+    if blocking:
+        _run_blocking(schedules)
 
+
+def _run_as_engine(schedules: Sequence[Schedule]) -> None:
+    nranks = len(schedules)
+    ranks = [_SymbolicRank(s, nranks) for s in schedules]
     posted: dict[tuple[OpKind, int, int], deque[tuple[int, int]]] = {}
     while True:
         progressed = False
@@ -63,6 +73,47 @@ def verify_schedules(schedules: Sequence[Schedule]) -> None:
     stuck = [f"rank {r.rank} op {i} ({r.schedule.ops[i]})" for r in ranks for i in r.unfinished()]
     if stuck:
         raise ScheduleError("deadlock: these ops can never finish: " + "; ".join(stuck[:8]))
+    for rank in ranks:
+        rank.check_result()
+
+
+def _run_blocking(schedules: Sequence[Schedule]) -> None:
+    """Run each rank's blocking steps in order; a step's messages complete once matched."""
+    nranks = len(schedules)
+    ranks = [_SymbolicRank(s, nranks) for s in schedules]
+    steps = [blocking_steps(s) for s in schedules]
+    at = [0] * nranks  # each rank's current step
+    posted_at = [-1] * nranks  # the step whose messages a rank has posted
+    posted: dict[tuple[OpKind, int, int], deque[int]] = {}
+    progressed = True
+    while progressed:
+        progressed = False
+        for rank in ranks:
+            r, ops = rank.rank, rank.schedule.ops
+            while at[r] < len(steps[r]):
+                step = steps[r][at[r]]
+                if ops[step[0]].peer is None:
+                    rank.compute(step[0])
+                elif posted_at[r] != at[r]:
+                    posted_at[r] = at[r]
+                    for i in step:
+                        sender, receiver = (r, ops[i].peer) if ops[i].kind is OpKind.SEND else (ops[i].peer, r)
+                        posted.setdefault((ops[i].kind, sender, receiver), deque()).append(i)
+                    continue
+                elif not all(rank.done[i] for i in step):
+                    break
+                at[r] += 1
+                progressed = True
+        for (kind, sender, receiver), sends in posted.items():
+            recvs = posted.get((OpKind.RECV, sender, receiver)) if kind is OpKind.SEND else None
+            while sends and recvs:
+                _deliver(ranks[sender], sends.popleft(), ranks[receiver], recvs.popleft())
+                progressed = True
+
+    stuck = [f"rank {r} step {at[r]} ({' and '.join(str(schedules[r].ops[i]) for i in steps[r][at[r]])})"
+             for r in range(nranks) if at[r] < len(steps[r])]
+    if stuck:
+        raise ScheduleError("deadlock when run step by step: these ranks wait forever: " + "; ".join(stuck[:8]))
     for rank in ranks:
         rank.check_result()
 
@@ -106,18 +157,21 @@ class _SymbolicRank:
         new_messages = []
         while self.ready:
             i = self.ready.pop()
-            op = self.schedule.ops[i]
-            if op.kind is OpKind.COPY:
-                self.write(op.dst, self.read(op.src, i), i)
-                self.finish(i)
-            elif op.kind is OpKind.REDUCE:
-                left, right = op.srcs
-                self.write(op.dst, self.read(left, i) + self.read(right, i), i)
-                self.finish(i)
+            if self.schedule.ops[i].peer is None:
+                self.compute(i)
             else:
                 new_messages.append(i)
                 self._release(self.channel_next[i])
         return new_messages
+
+    def compute(self, i: int) -> None:
+        op = self.schedule.ops[i]
+        if op.kind is OpKind.COPY:
+            self.write(op.dst, self.read(op.src, i), i)
+        else:
+            left, right = op.srcs
+            self.write(op.dst, self.read(left, i) + self.read(right, i), i)
+        self.finish(i)
 
     def _release(self, i: int) -> None:
         if i >= 0:

@@ -2,9 +2,9 @@
 
     mpiexec -n 2 python scripts/small-message-floor.py [--count 2]
 
-`floor` is the least any Python allreduce must do: check the arguments, post
-one Isend and one Irecv to the other rank, Waitall, and add with numpy. Times
-are medians over 50 batches of 100 back-to-back calls, the slowest rank's.
+`floor` is the least any Python allreduce must do: check the arguments, one
+Sendrecv with the other rank, and one add with numpy. Times are medians over
+50 batches of 100 back-to-back calls, the slowest rank's.
 """
 
 import argparse
@@ -30,8 +30,7 @@ def main() -> None:
 
     def floor():
         _checked(data, out, MPI.SUM, comm, "auto", None)
-        MPI.Request.Waitall([private.Isend(data.view(np.uint8), other, 7),
-                             private.Irecv(incoming.view(np.uint8), other, 7)])
+        private.Sendrecv([data, MPI.BYTE], other, 7, [incoming, MPI.BYTE], other, 7)
         np.add(data, incoming, out=out)
 
     candidates = {

@@ -240,3 +240,23 @@ def test_segment_sizes_change_nothing_in_the_result(comm, algorithm):
     if not np.array_equal(allreduce(integers, comm=comm, algorithm=algorithm, segment=64), expected):
         failures.append("integers differ from native")
     assert_everywhere(comm, failures)
+
+
+def test_blocking_allreduce_while_others_are_in_flight_waited_in_another_order(comm):
+    # A small blocking allreduce must keep earlier nonblocking ones moving: here rank 0 runs it
+    # before waiting on a large pipelined iallreduce, while the other ranks wait on that first.
+    rank, size = comm.Get_rank(), comm.Get_size()
+    big = np.full(1 << 20, rank, np.int64)
+    request = iallreduce(big, comm=comm, algorithm="ring", segment=1 << 16)
+    if rank == 0:
+        small = allreduce(np.array([rank + 1], np.int32), comm=comm)
+        result = request.wait()
+    else:
+        result = request.wait()
+        small = allreduce(np.array([rank + 1], np.int32), comm=comm)
+    failures = []
+    if not (result == size * (size - 1) // 2).all():
+        failures.append("large iallreduce wrong")
+    if small[0] != size * (size + 1) // 2:
+        failures.append(f"small allreduce gave {small[0]}")
+    assert_everywhere(comm, failures)

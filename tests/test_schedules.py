@@ -141,3 +141,21 @@ def test_generators_import_no_mpi_and_no_array_library(path):
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
     assert not imported & {"mpi4py", "numpy", "cupy"}
+
+
+def test_verifier_catches_an_order_that_deadlocks_only_when_run_step_by_step():
+    # Both ranks list a receive before their send, apart: the engine posts both at once and finishes,
+    # but a runner that blocks on each step in order waits forever on both sides.
+    schedules = []
+    for rank in range(2):
+        b = ScheduleBuilder("planted", 2, rank, 4)
+        incoming = b.scratch("incoming", 4)
+        mine, result = Ref(INPUT, 0, 4), Ref(OUTPUT, 0, 4)
+        b.recv(1 - rank, incoming)
+        b.copy(result, mine)
+        b.send(1 - rank, mine)
+        b.reduce(result, result, incoming)
+        schedules.append(b.build())
+    verify_schedules(schedules, blocking=False)
+    with pytest.raises(ScheduleError, match="deadlock when run step by step"):
+        verify_schedules(schedules)

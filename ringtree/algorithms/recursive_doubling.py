@@ -20,10 +20,12 @@ def recursive_doubling_allreduce(nranks: int, rank: int, count: int) -> Schedule
 
     rounds_size = 1 << (nranks.bit_length() - 1)  # largest power of two <= nranks
     folded = nranks - rounds_size  # ranks 0, 2, ..., 2·folded - 2 sit out the rounds
-    incoming = b.scratch("incoming", 2 * count)
+    # Two buffers taken in turn, so a round's receive need not wait for the last round's reduction;
+    # whole buffers rather than halves of one, so the lean path slices nothing.
+    incoming = [b.scratch("incoming0", count), b.scratch("incoming1", count)]
 
     def slot(i: int) -> Ref:
-        return Ref(incoming.buffer, (i % 2) * count, count)
+        return incoming[i % 2]
 
     if rank < 2 * folded and rank % 2 == 0:
         b.send(rank + 1, mine)
