@@ -7,6 +7,7 @@
 
 from .buckets import GradientBucketer
 from .communicator import Communicator
+from .errors import MismatchError
 
-__all__ = ["Communicator", "GradientBucketer"]
+__all__ = ["Communicator", "GradientBucketer", "MismatchError"]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Command line: python -m ringtree {bench,plot,timeline-merge} ..."""
+"""Command line: python -m ringtree {bench,tune,plot,timeline-merge} ..."""
 
 import argparse
 
@@ -13,6 +13,12 @@ def main(argv=None) -> None:
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(bench_parser)
 
+    from . import tune
+    tune_parser = commands.add_parser("tune", help="measure every algorithm here and write a tuning table "
+                                                   "(under mpiexec)", description=tune.__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    tune.add_arguments(tune_parser)
+
     plot_parser = commands.add_parser("plot", help="plot busbw against size from bench --json files, "
                                                    "or a merged timeline with --timeline")
     plot_parser.add_argument("results", nargs="+", help="JSON files written by bench --json (or one merged trace)")
@@ -26,6 +32,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.command == "bench":
         bench.run(args)
+    elif args.command == "tune":
+        tune.run(args)
     elif args.command == "plot":
         from .plot import plot, plot_timeline
         if args.timeline:

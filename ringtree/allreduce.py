@@ -17,7 +17,7 @@ from .comm import comm_state
 from . import timeline
 from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
 from .ops import ReduceOp, check_dtype, parse_op
-from .selector import WINDOW, select
+from .selector import WINDOW, log_choice, select
 
 __all__ = ["allreduce", "iallreduce", "Request"]
 
@@ -106,7 +106,8 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment):
     key = (backend, algorithm, target.size, dtype, kind, segment)
     call = state.plans.get(key)
     if call is None:
-        choice = select(target.nbytes, state.size, algorithm, segment)
+        choice = select(target.nbytes, state.size, dtype.name, kind.value, algorithm, segment)
+        log_choice(choice, target.nbytes, state.size, dtype, kind.value)
         plan = compiled(choice.algorithm, state.size, state.rank, target.size,
                         max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW)
         lean = choice.blocking and plan.program is not None

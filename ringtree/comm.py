@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from . import selector
+from .errors import MismatchError
+
 _keyval: int | None = None
 # The last communicator used and its state: a loop on one communicator skips the attribute lookup.
 _last: tuple[MPI.Comm | None, "CommState | None"] = (None, None)
@@ -21,6 +24,21 @@ class CommState:
         self.comm.Set_name(f"ringtree({name})")
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        selector.configure_debug_logging(MPI.COMM_WORLD.Get_rank())
+        # Every rank must make the same choices: compare what they depend on, once per communicator.
+        # A rank that cannot load its table still takes part, so that none waits for it.
+        try:
+            mine = selector.identity()
+        except (OSError, ValueError) as error:
+            mine = f"no usable tuning setup ({error})"
+        identities = self.comm.allgather(mine)
+        if len(set(identities)) > 1 or mine.startswith("no usable"):
+            self.comm.Free()
+            groups: dict[str, list[int]] = {}
+            for rank, identity in enumerate(identities):
+                groups.setdefault(identity, []).append(rank)
+            raise MismatchError(f"ringtree on rank {self.rank}: ranks of {name} would choose algorithms "
+                                "differently: " + "; ".join(f"ranks {r}: {i}" for i, r in groups.items()))
         self.tags = min(comm.Get_attr(MPI.TAG_UB), 1 << 30) + 1
         self.calls = 0
         self.plans: dict = {}  # per call shape: what allreduce.iallreduce built on the first call

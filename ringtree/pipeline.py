@@ -31,19 +31,22 @@ def segmented(schedule: Schedule, segment: int, window: int = 4) -> Schedule:
     if segment < 1 or window < 1:
         raise ValueError(f"segment ({segment}) and window ({window}) must be positive")
     pieces, priorities = _split(schedule, segment)
-    order = _pipeline_order(schedule, pieces, priorities)
+    order, slot_of = _pipeline_order(schedule, pieces, priorities, window)
 
     b = ScheduleBuilder(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count)
     scratch_writes = [p.dst.count for p in pieces if p.dst is not None and _is_scratch(p.dst)]
-    slots = _Slots(b, max(scratch_writes), window, schedule.rank) if scratch_writes else None
+    slots = b.scratch(SLOTS, max(scratch_writes) * window).buffer if scratch_writes else None
+    size = max(scratch_writes, default=0)
     for i in order:
         piece = pieces[i]
-        srcs, dst = piece.srcs, piece.dst
-        if slots is not None:
-            accumulates = dst in srcs  # a reduction into scratch data keeps its slot
-            srcs = tuple(slots.holding(ref) if _is_scratch(ref) else ref for ref in srcs)
-            if dst is not None and _is_scratch(dst):
-                dst = slots.holding(dst) if accumulates else slots.take(dst)
+
+        def placed(ref: Ref, slot: int) -> Ref:
+            return Ref(slots, slot * size, ref.count)
+
+        srcs = tuple(placed(ref, slot_of[(i, ref)]) if _is_scratch(ref) else ref for ref in piece.srcs)
+        dst = piece.dst
+        if dst is not None and _is_scratch(dst):
+            dst = placed(dst, slot_of[(i, dst)])
         b.add(Op(piece.kind, dst, srcs, piece.peer))
     return b.build()
 
@@ -63,29 +66,84 @@ def _split(schedule: Schedule, segment: int) -> tuple[list[Op], list[tuple[bool,
     return pieces, priorities
 
 
-def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple[bool, int, int]]) -> list[int]:
+def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple[bool, int, int]],
+                    window: int) -> tuple[list[int], dict[tuple[int, Ref], int]]:
     """A sequential order of the pieces (a topological sort by priority) that runs segment by
-    segment where dependencies allow and frees each scratch slot as soon as it can."""
+    segment where dependencies allow and frees each scratch slot as soon as it can; and the slot
+    each piece's scratch regions are in, keyed by (piece, region).
+
+    A piece that puts new data into scratch waits for a free slot, and slots go to such pieces
+    in their original order (op by op, segment by segment): an earlier piece never depends on a
+    later one, so no piece can hold a slot that an earlier one needs to make progress. A slot is
+    free again once every piece that reads its data has been listed. A reduction into scratch
+    data keeps its slot.
+    """
     b = ScheduleBuilder(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count)
     for name, size in schedule.scratch:
         b.scratch(name, size)
     for piece in pieces:
         b.add(piece)
-    flow = dataflow(b.build())
-    # Emitting a piece is posting it: it releases its dependents and the next piece on its channel.
+    graph = b.build()
+    flow = dataflow(graph)
+
+    def writer_of(j: int, ref: Ref) -> int:
+        for d in graph.ops[j].deps:
+            if pieces[d].dst == ref:
+                return d
+        raise ValueError(f"rank {schedule.rank}: {ref} is read without being written in whole; "
+                         "align the regions")
+
+    readers = [[j for j in flow.dependents[i] if pieces[i].dst in pieces[j].srcs]
+               if pieces[i].dst is not None and _is_scratch(pieces[i].dst) else [] for i in range(len(pieces))]
+    unread: dict[int, int] = {}  # scratch-writing piece -> readers not yet listed
+    slot_of: dict[tuple[int, Ref], int] = {}
+    free_slots = list(range(window - 1, -1, -1))
+    waiting: list[tuple[tuple, int]] = []  # pieces that need a slot while none is free, or not yet theirs
+    grants = [i for i, p in enumerate(pieces) if p.dst is not None and _is_scratch(p.dst) and p.dst not in p.srcs]
+    granted = 0  # slots go to grants[granted], grants[granted + 1], ... in turn
+
     pending = list(flow.initial_pending)
     ready = [(priorities[i], i) for i, p in enumerate(pending) if p == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         _, i = heapq.heappop(ready)
+        piece = pieces[i]
+        writes_scratch = piece.dst is not None and _is_scratch(piece.dst)
+        accumulates = writes_scratch and piece.dst in piece.srcs
+        if writes_scratch and not accumulates:
+            if not free_slots or grants[granted] != i:
+                waiting.append((priorities[i], i))
+                continue
+            granted += 1
+            for item in waiting:  # the next grant may be among them
+                heapq.heappush(ready, item)
+            waiting.clear()
         order.append(i)
+        for ref in piece.srcs:
+            if _is_scratch(ref):
+                w = writer_of(i, ref)
+                slot_of[(i, ref)] = slot_of[(w, ref)]
+                unread[w] -= 1
+                if unread[w] == 0 and not (accumulates and ref == piece.dst):
+                    free_slots.append(slot_of[(w, ref)])
+                    for item in waiting:
+                        heapq.heappush(ready, item)
+                    waiting.clear()
+        if writes_scratch:
+            slot_of[(i, piece.dst)] = slot_of[(i, piece.dst)] if accumulates else free_slots.pop()
+            unread[i] = len(readers[i])
+            if not readers[i]:
+                free_slots.append(slot_of[(i, piece.dst)])
         for j in (*flow.dependents[i], flow.channel_next[i]):
             if j >= 0:
                 pending[j] -= 1
                 if pending[j] == 0:
                     heapq.heappush(ready, (priorities[j], j))
-    return order
+    if waiting:
+        raise ValueError(f"rank {schedule.rank}: a window of {window} scratch slots is too small for "
+                         f"this schedule; use a larger window")
+    return order, slot_of
 
 
 def _is_scratch(ref: Ref) -> bool:
@@ -94,31 +152,3 @@ def _is_scratch(ref: Ref) -> bool:
 
 def _piece(ref: Ref, start: int, size: int) -> Ref:
     return Ref(ref.buffer, ref.offset + start, size)
-
-
-class _Slots:
-    """Which slot holds each piece of scratch data, handed out round-robin."""
-
-    def __init__(self, builder: ScheduleBuilder, size: int, window: int, rank: int) -> None:
-        self.buffer = builder.scratch(SLOTS, size * window).buffer
-        self.size, self.window, self.rank = size, window, rank
-        self.where: dict[Ref, int] = {}
-        self.owner: list[Ref | None] = [None] * window
-        self.taken = 0
-
-    def take(self, piece: Ref) -> Ref:
-        slot = self.taken % self.window
-        self.taken += 1
-        self.owner[slot] = piece
-        self.where[piece] = slot
-        return self._ref(slot, piece)
-
-    def holding(self, piece: Ref) -> Ref:
-        slot = self.where.get(piece)
-        if slot is None or self.owner[slot] != piece:
-            raise ValueError(f"rank {self.rank}: {piece} is read after its slot was reused or without being "
-                             f"written in whole; use a larger window than {self.window} or align the regions")
-        return self._ref(slot, piece)
-
-    def _ref(self, slot: int, piece: Ref) -> Ref:
-        return Ref(self.buffer, slot * self.size, piece.count)

@@ -1,35 +1,176 @@
-"""Choose an algorithm and a segment size for a call.
+"""Choose an algorithm and a segment size for a call: from a measured tuning table, else a cost model.
 
-A pure function of values equal on every rank, so every rank picks the same.
-The thresholds were measured on a 2-core VM with 2 ranks (docs/performance.md).
+A pure function of values equal on every rank (message size, rank count,
+dtype, op, and the tuning table, whose hash the ranks compare once per
+communicator), so every rank picks the same.
+
+The table is JSON, rules tried in order, the first that matches wins (as in
+Open MPI's dynamic rules):
+
+    {"format": "ringtree-tuning-1", "note": "where and how it was measured",
+     "rules": [{"ranks": [2, 2], "bytes": [0, 65536], "algorithm": "recursive_doubling", "segment": 0},
+               ...],                      # bytes: inclusive; null for no upper bound; segment 0: unsplit
+     "models": {"2": {"alpha": 4e-06, "beta": 3e-10, "gamma": 2e-10}, ...}}
+
+A rule may also list "dtypes" and "ops" it is limited to. Sizes or rank counts
+no rule covers go to the α-β-γ model (ringtree.model) with the parameters
+fitted at the nearest measured rank count. `python -m ringtree tune` writes
+tables; RINGTREE_TUNING_FILE=path loads one instead of the packaged default,
+RINGTREE_ALGORITHM=name takes that algorithm wherever a call says "auto".
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+from importlib import resources
 from typing import NamedTuple
 
-# Up to this size latency dominates: recursive doubling's log2(N) exchanges beat
-# the ring's 2(N-1) steps; above it the ring's smaller, spread-out traffic wins.
-# A blocking call this small also runs its schedule step by step, with blocking
-# MPI calls, which costs less Python per call than the progress engine.
-SMALL_MAX_BYTES = 64 * 1024
-# Pipelining pays once a message is several segments long; smaller segments
-# cost more per-message overhead in Python than they gain in overlap.
+from .algorithms import ALGORITHMS
+from .model import Params, predict
+
+log = logging.getLogger("ringtree")
+
+# Up to this size a blocking call runs its schedule step by step (engine.run_blocking),
+# which costs less Python per call than the progress engine.
+BLOCKING_MAX_BYTES = 64 * 1024
+# Segment size when neither the table nor the caller gives one: pipelining pays
+# once a message is several segments long.
 SEGMENT_BYTES = 4 << 20
-# Segments in flight into scratch per collective: scratch is SEGMENT_BYTES × WINDOW.
+# Segments in flight into scratch per collective: scratch is segment × WINDOW.
 WINDOW = 4
+# α, β, γ for rank counts with no fitted model: fitted on a 2-core VM, 2 ranks.
+FALLBACK_MODEL = Params(alpha=1.2e-5, beta=2.5e-10, gamma=2.5e-10)
+FORMAT = "ringtree-tuning-1"
 
 
 class Choice(NamedTuple):
     algorithm: str
     segment: int  # bytes per segment; 0: messages are not split
     blocking: bool  # a blocking call may run the schedule step by step (the lean path)
+    source: str  # why: "call", "RINGTREE_ALGORITHM", "table <file> rule <i>" or "model"
 
 
-def select(nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None) -> Choice:
-    """The algorithm (`algorithm` unless it is "auto") and segment size for a message of `nbytes`."""
+class TuningTable:
+    """Rules and fitted models, as loaded from a table file."""
+
+    def __init__(self, data: dict, origin: str) -> None:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{origin}: not a ringtree tuning table (format {data.get('format')!r}, "
+                             f"expected {FORMAT!r})")
+        for i, rule in enumerate(data.get("rules", [])):
+            if rule.get("algorithm") not in ALGORITHMS:
+                raise ValueError(f"{origin}: rule {i} names unknown algorithm {rule.get('algorithm')!r}")
+        self.data = data
+        self.origin = origin
+        self.rules = data.get("rules", [])
+        self.models = {int(n): Params(**p) for n, p in data.get("models", {}).items()}
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        self.digest = hashlib.sha256(canonical).hexdigest()[:16]
+
+    @classmethod
+    def load(cls, path: str) -> "TuningTable":
+        with open(path) as f:
+            return cls(json.load(f), os.path.basename(path))
+
+    def match(self, nbytes: int, nranks: int, dtype: str | None, op: str | None) -> tuple[int, dict] | None:
+        for i, rule in enumerate(self.rules):
+            low_ranks, high_ranks = rule["ranks"]
+            low_bytes, high_bytes = rule["bytes"]
+            if (low_ranks <= nranks <= high_ranks and low_bytes <= nbytes
+                    and (high_bytes is None or nbytes <= high_bytes)
+                    and (dtype is None or "dtypes" not in rule or dtype in rule["dtypes"])
+                    and (op is None or "ops" not in rule or op in rule["ops"])):
+                return i, rule
+        return None
+
+    def model(self, nranks: int) -> Params:
+        if not self.models:
+            return FALLBACK_MODEL
+        return self.models[min(self.models, key=lambda n: (abs(n - nranks), n))]
+
+
+def default_table() -> TuningTable:
+    path = os.environ.get("RINGTREE_TUNING_FILE")
+    if path:
+        return TuningTable.load(path)
+    text = resources.files("ringtree").joinpath("tuning/default.json").read_text()
+    return TuningTable(json.loads(text), "ringtree/tuning/default.json")
+
+
+_table: TuningTable | None = None
+
+
+def table() -> TuningTable:
+    global _table
+    if _table is None:
+        _table = default_table()
+    return _table
+
+
+def use_table(new: TuningTable | None) -> None:
+    """Make `new` the table every later choice reads (None: the default again). Collective in effect:
+    call it on every rank, before the communicators it should apply to are first used."""
+    global _table
+    _table = new
+
+
+def forced_algorithm() -> str | None:
+    name = os.environ.get("RINGTREE_ALGORITHM") or None
+    if name is not None and name not in ALGORITHMS:
+        raise ValueError(f"RINGTREE_ALGORITHM={name!r} is not an algorithm; use one of {sorted(ALGORITHMS)}")
+    return name
+
+
+def identity() -> str:
+    """What every rank's choices depend on besides the call: the table and RINGTREE_ALGORITHM."""
+    return f"table {table().origin} ({table().digest}), RINGTREE_ALGORITHM={forced_algorithm() or 'unset'}"
+
+
+def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = None,
+           algorithm: str = "auto", segment: int | None = None) -> Choice:
+    """The algorithm and segment size for an allreduce of `nbytes` on `nranks` ranks."""
+    blocking = nbytes <= BLOCKING_MAX_BYTES
+    source = "call"
     if algorithm == "auto":
-        algorithm = "recursive_doubling" if nbytes <= SMALL_MAX_BYTES else "ring"
+        algorithm = forced_algorithm()
+        source = "RINGTREE_ALGORITHM"
+    if algorithm is None:
+        found = table().match(nbytes, nranks, dtype, op)
+        if found is not None:
+            i, rule = found
+            algorithm, source = rule["algorithm"], f"table {table().origin} rule {i}"
+            if segment is None:
+                segment = rule.get("segment", 0) or nbytes
+        else:
+            params = table().model(nranks)
+            algorithm = min(ALGORITHMS, key=lambda name: predict(name, nranks, nbytes, params,
+                                                                  segment or SEGMENT_BYTES))
+            source = "model"
     if segment is None:
         segment = SEGMENT_BYTES
-    return Choice(algorithm, segment if nbytes > segment else 0, nbytes <= SMALL_MAX_BYTES)
+    return Choice(algorithm, segment if nbytes > segment else 0, blocking, source)
+
+
+_logged: set = set()
+
+
+def log_choice(choice: Choice, nbytes: int, nranks: int, dtype, op) -> None:
+    """With RINGTREE_DEBUG=1, log each distinct choice once, as NCCL_DEBUG=INFO does."""
+    key = (choice, nbytes, nranks, str(dtype), str(op))
+    if key in _logged:
+        return
+    _logged.add(key)
+    log.info("allreduce %d B %s %s on %d ranks: %s, segment %s, from %s", nbytes, dtype, op, nranks,
+             choice.algorithm, f"{choice.segment} B" if choice.segment else "none", choice.source)
+
+
+def configure_debug_logging(rank: int) -> None:
+    """RINGTREE_DEBUG=1: rank 0 logs ringtree's choices to stderr."""
+    if os.environ.get("RINGTREE_DEBUG", "0") not in ("", "0") and rank == 0 and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("ringtree: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)

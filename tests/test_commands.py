@@ -88,3 +88,70 @@ def test_without_the_variable_nothing_is_recorded():
     assert "RINGTREE_TIMELINE" not in os.environ
     allreduce(np.ones(1000), segment=800)
     assert not timeline.ACTIVE and not timeline._events
+
+
+def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
+    table = tmp_path / "tuning.json"
+    run = _mpiexec(2, "-m", "ringtree", "tune", "-b", "8", "-e", "2M", "-f", "64", "--iters", "3",
+                   "--segments", "1M", "-o", str(table), "--note", "test")
+    assert run.returncode == 0, run.stdout + run.stderr
+    data = json.loads(table.read_text())
+    assert data["note"] == "test" and set(data["models"]) == {"2"}
+    rules = data["rules"]
+    assert rules and all(rule["ranks"] == [2, 2] for rule in rules)
+    assert rules[0]["bytes"][0] == 0 and rules[-1]["bytes"][1] is None  # every size is covered
+    assert "which algorithm wins" in run.stdout
+    # A second rank count merges in; the first one's rules stay.
+    assert _mpiexec(3, "-m", "ringtree", "tune", "-b", "8", "-e", "8", "-o", str(table)).returncode == 0
+    merged = json.loads(table.read_text())
+    assert {tuple(rule["ranks"]) for rule in merged["rules"]} == {(2, 2), (3, 3)}
+    assert [rule for rule in merged["rules"] if rule["ranks"] == [2, 2]] == rules
+
+    script = ("import numpy as np; from ringtree.allreduce import allreduce; "
+              "[allreduce(np.ones(n, np.float32)) for n in (2, 1 << 19)]")
+    used = _mpiexec(2, "-c", script, env={"RINGTREE_TUNING_FILE": str(table), "RINGTREE_DEBUG": "1"})
+    assert used.returncode == 0, used.stderr
+    logged = [line for line in used.stderr.splitlines() if line.startswith("ringtree: allreduce")]
+    assert len(logged) == 2, used.stderr  # each distinct choice once, from rank 0 only
+    for line, size in zip(logged, (8, 2 << 20)):
+        rule = next(i for i, r in enumerate(rules) if r["bytes"][0] <= size and (r["bytes"][1] or size) >= size)
+        assert f"allreduce {size} B" in line and f"table tuning.json rule {rule}" in line
+        assert rules[rule]["algorithm"] in line
+
+
+def test_ranks_with_different_tables_get_a_clear_error_on_every_rank(tmp_path):
+    script = (
+        "import json, os, sys, numpy as np\n"
+        "from mpi4py import MPI\n"
+        "import ringtree\n"
+        "from ringtree.allreduce import allreduce\n"
+        "rank = MPI.COMM_WORLD.Get_rank()\n"
+        "path = os.path.join(sys.argv[1], f'table{rank % 2}.json')\n"
+        "rule = {'ranks': [1, 64], 'bytes': [0, None], 'algorithm': ['ring', 'tree'][rank % 2], 'segment': 0}\n"
+        "json.dump({'format': 'ringtree-tuning-1', 'rules': [rule]}, open(path, 'w'))\n"
+        "ringtree.selector.use_table(ringtree.selector.TuningTable.load(path))\n"
+        "try:\n"
+        "    allreduce(np.ones(4))\n"
+        "    caught = None\n"
+        "except ringtree.MismatchError as error:\n"
+        "    caught = str(error)\n"
+        "everyone = MPI.COMM_WORLD.gather(caught)\n"
+        "if rank == 0:\n"
+        "    print(json.dumps(everyone))\n"
+    )
+    run = _mpiexec(3, "-c", script, str(tmp_path), timeout=60)
+    assert run.returncode == 0, run.stderr
+    caught = json.loads(run.stdout)
+    for rank, message in enumerate(caught):
+        assert message is not None, f"rank {rank} raised nothing"
+        assert f"on rank {rank}" in message
+        assert "ranks [0, 2]: table table0.json" in message and "ranks [1]: table table1.json" in message
+
+
+def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
+    script = ("import numpy as np; from mpi4py import MPI; from ringtree.allreduce import allreduce\n"
+              "result = allreduce(np.arange(5))\n"
+              "if MPI.COMM_WORLD.Get_rank() == 0: print(result[4])")
+    run = _mpiexec(2, "-c", script, env={"RINGTREE_ALGORITHM": "double_tree", "RINGTREE_DEBUG": "1"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["8"] and "double_tree" in run.stderr and "from RINGTREE_ALGORITHM" in run.stderr

@@ -1,0 +1,184 @@
+"""`python -m ringtree tune`: measure every algorithm on this machine and write a tuning table.
+
+Run it under mpiexec with the rank count to tune for. For each size of the
+grid it times every algorithm, unsplit and with a few segment sizes, in turns
+(a barrier, then a batch of calls; the slowest rank's time per call; the median
+over repetitions), checking each result against the MPI library's own
+allreduce. It then fits the α-β-γ model to all the timings, prints which
+algorithm wins from which size, and writes the rules for this rank count into
+the table file, keeping the rules it holds for other rank counts.
+
+    mpiexec -n 2 python -m ringtree tune -o tuning.json
+    RINGTREE_TUNING_FILE=tuning.json mpiexec -n 2 python my_training.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .algorithms import ALGORITHMS
+from .allreduce import allreduce
+from .bench import parse_size
+from .model import fit
+from .selector import FORMAT
+
+SEGMENTS = (1 << 20, 4 << 20, 16 << 20)
+# Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
+UNSPLIT_MAX_BYTES = 16 << 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"), help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this at each step")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated algorithms to try")
+    parser.add_argument("--segments", default=",".join(f"{s >> 20}M" for s in SEGMENTS),
+                        help="segment sizes to try where a message is larger")
+    parser.add_argument("--iters", type=int, default=7, help="timed repetitions per size (fewer for big sizes)")
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds per size, at most, once warm")
+    parser.add_argument("-o", "--output", default="ringtree-tuning.json",
+                        help="table file to write; rules for other rank counts already in it are kept")
+    parser.add_argument("--note", default="", help="where this was measured (e.g. '2-core VM'), kept in the file")
+
+
+def candidates(nbytes: int, algorithms: list[str], segments: list[int]) -> list[tuple[str, int]]:
+    """(algorithm, segment) pairs worth timing at `nbytes`: unsplit if it is not huge, and every
+    segment size smaller than the message."""
+    splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in segments if s < nbytes]
+    return [(algorithm, segment) for algorithm in algorithms for segment in splits]
+
+
+def run(args: argparse.Namespace) -> None:
+    comm = MPI.COMM_WORLD
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    algorithms = args.algorithms.split(",")
+    unknown = set(algorithms) - set(ALGORITHMS)
+    if unknown:
+        raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
+    segments = [parse_size(s) for s in args.segments.split(",") if s]
+    sizes = []
+    nbytes = args.minbytes
+    while nbytes <= args.maxbytes:
+        sizes.append(nbytes)
+        nbytes *= args.stepfactor
+
+    progress = None
+    if rank == 0:
+        from tqdm import tqdm
+        progress = tqdm(total=sum(len(candidates(s, algorithms, segments)) for s in sizes),
+                        unit="case", desc=f"tune {nranks} ranks")
+    winners, measurements = [], []
+    for nbytes in sizes:
+        timed = _measure(comm, nbytes, candidates(nbytes, algorithms, segments), args)
+        if progress is not None:
+            progress.update(len(timed))
+        best = min(timed, key=timed.get)
+        winners.append((nbytes, *best, timed[best]))
+        measurements += [(alg, nranks, nbytes, seg, seconds) for (alg, seg), seconds in timed.items()]
+    if progress is not None:
+        progress.close()
+    if rank != 0:
+        return
+
+    params = fit(measurements)
+    rules = rules_from(winners, nranks)
+    print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
+          f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
+    print(f"\n{nranks} ranks: which algorithm wins from which size")
+    print(f"{'from':>10} {'to':>10}  {'algorithm':<19} segment")
+    for rule in rules:
+        low, high = rule["bytes"]
+        print(f"{low:>10} {high if high is not None else '…':>10}  {rule['algorithm']:<19} "
+              f"{_size(rule['segment']) if rule['segment'] else 'unsplit'}")
+    write_table(args.output, nranks, rules, params, args.note, winners)
+    print(f"\nwrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
+
+
+def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tuple[str, int], float]:
+    """Median seconds per call of each case, the slowest rank's, timed in turns."""
+    rank = comm.Get_rank()
+    count = max(1, nbytes // 4)
+    data = (np.arange(count) % 7 + rank % 3 + 1).astype(np.float32)  # sums are exact in any order
+    expected = np.empty_like(data)
+    comm.Allreduce(data, expected)
+    out = np.empty_like(data)
+    calls = {case: (lambda alg=case[0], seg=case[1]: allreduce(data, out, comm=comm, algorithm=alg,
+                                                                segment=seg or 1 << 62))
+             for case in cases}
+    wrong = []
+    for case, call in calls.items():
+        call()
+        if not np.array_equal(out, expected):
+            wrong.append(case)
+    wrong = comm.allgather(wrong)
+    if any(wrong):
+        raise SystemExit(f"tune: results differ from native MPI at {nbytes} B: {wrong}")
+
+    comm.Barrier()
+    start = time.perf_counter()
+    for call in calls.values():
+        call()
+    per_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
+    batch = max(1, min(100, int(1e-3 / max(per_call, 1e-9))))
+    iters = max(3, min(args.iters, int(args.budget / (per_call * batch * len(calls)))))
+    times = {case: [] for case in calls}
+    for _ in range(iters):
+        for case, call in calls.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                call()
+            times[case].append((time.perf_counter() - start) / batch)
+    slowest = np.empty((len(calls), iters))
+    comm.Allreduce(np.array(list(times.values())), slowest, MPI.MAX)
+    return {case: float(np.median(row)) for case, row in zip(calls, slowest)}
+
+
+def rules_from(winners: list[tuple[int, str, int, float]], nranks: int) -> list[dict]:
+    """Rules for one rank count from the winner at each size: runs of one winner become one rule,
+    covering the sizes above the previous grid point up to its last grid point."""
+    rules: list[dict] = []
+    previous = -1
+    for i, (nbytes, algorithm, segment, _) in enumerate(winners):
+        last = i == len(winners) - 1
+        if rules and (rules[-1]["algorithm"], rules[-1]["segment"]) == (algorithm, segment):
+            rules[-1]["bytes"][1] = None if last else nbytes
+        else:
+            rules.append({"ranks": [nranks, nranks], "bytes": [previous + 1, None if last else nbytes],
+                          "algorithm": algorithm, "segment": segment})
+        previous = nbytes
+    return rules
+
+
+def write_table(path: str, nranks: int, rules: list[dict], params, note: str, winners) -> None:
+    """Write the rules and model for `nranks` into the table at `path`, keeping other rank counts'."""
+    data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "measured": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            data.update(json.load(f))
+    if data.get("format") != FORMAT:
+        raise SystemExit(f"{path} is not a ringtree tuning table; not overwriting it")
+    kept = [rule for rule in data["rules"] if rule["ranks"] != [nranks, nranks]]
+    data["rules"] = sorted(kept + rules, key=lambda rule: rule["ranks"][0])
+    data["models"][str(nranks)] = params._asdict()
+    data["measured"][str(nranks)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
+                                     for b, a, s, t in winners]
+    if note:
+        data["note"] = note
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
