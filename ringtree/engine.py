@@ -12,6 +12,7 @@ one list of requests, so waiting on any of them progresses every one.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -263,12 +264,18 @@ class Progress:
             # Nothing arrived: after a few empty polls, let a process that shares this core run
             # (the peer we wait for, when ranks outnumber cores); with a core to itself, this returns at once.
             idle += 1
-            if idle >= SPINS_BEFORE_YIELD:
+            if idle >= SPINS_BEFORE_SLEEP:
+                time.sleep(SLEEP_SECONDS)
+            elif idle >= SPINS_BEFORE_YIELD:
                 os.sched_yield()
 
 
 # Empty polls before yielding the core: long enough not to slow a dedicated core's fast path.
 SPINS_BEFORE_YIELD = 20
+# Empty polls (a few milliseconds) before sleeping between polls: a rank with nothing to do for that
+# long gives its core to the ranks that have work, at the price of at most one sleep of latency.
+SPINS_BEFORE_SLEEP = 2000
+SLEEP_SECONDS = 50e-6
 
 
 PROGRESS = Progress()

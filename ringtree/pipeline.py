@@ -72,11 +72,12 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
     segment where dependencies allow and frees each scratch slot as soon as it can; and the slot
     each piece's scratch regions are in, keyed by (piece, region).
 
-    A piece that puts new data into scratch waits for a free slot, and slots go to such pieces
-    in their original order (op by op, segment by segment): an earlier piece never depends on a
-    later one, so no piece can hold a slot that an earlier one needs to make progress. A slot is
-    free again once every piece that reads its data has been listed. A reduction into scratch
-    data keeps its slot.
+    A piece that puts new data into scratch waits for a free slot. One slot is kept for the
+    earliest such piece in the original order (op by op, segment by segment), which never depends
+    on a later piece; the others may go to any piece, in priority order. So pieces taken out of
+    order can never hold every slot while the earliest one waits for their readers. A slot is free
+    again once every piece that reads its data has been listed. A reduction into scratch data
+    keeps its slot.
     """
     b = ScheduleBuilder(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count)
     for name, size in schedule.scratch:
@@ -99,8 +100,10 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
     slot_of: dict[tuple[int, Ref], int] = {}
     free_slots = list(range(window - 1, -1, -1))
     waiting: list[tuple[tuple, int]] = []  # pieces that need a slot while none is free, or not yet theirs
-    grants = [i for i, p in enumerate(pieces) if p.dst is not None and _is_scratch(p.dst) and p.dst not in p.srcs]
-    granted = 0  # slots go to grants[granted], grants[granted + 1], ... in turn
+    # Pieces that need a slot, in the original order; earliest[0] indexes the first not yet given one.
+    needing = [i for i, p in enumerate(pieces) if p.dst is not None and _is_scratch(p.dst) and p.dst not in p.srcs]
+    given: set[int] = set()
+    earliest = 0
 
     pending = list(flow.initial_pending)
     ready = [(priorities[i], i) for i, p in enumerate(pending) if p == 0]
@@ -112,11 +115,13 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
         writes_scratch = piece.dst is not None and _is_scratch(piece.dst)
         accumulates = writes_scratch and piece.dst in piece.srcs
         if writes_scratch and not accumulates:
-            if not free_slots or grants[granted] != i:
+            if len(free_slots) < (1 if needing[earliest] == i else 2):
                 waiting.append((priorities[i], i))
                 continue
-            granted += 1
-            for item in waiting:  # the next grant may be among them
+            given.add(i)
+            while earliest < len(needing) and needing[earliest] in given:
+                earliest += 1
+            for item in waiting:  # the new earliest may be among them
                 heapq.heappush(ready, item)
             waiting.clear()
         order.append(i)
