@@ -32,13 +32,16 @@ class CommState:
         except (OSError, ValueError) as error:
             mine = f"no usable tuning setup ({error})"
         identities = self.comm.allgather(mine)
-        if len(set(identities)) > 1 or mine.startswith("no usable"):
+        if len(set(identities)) > 1:
             self.comm.Free()
             groups: dict[str, list[int]] = {}
             for rank, identity in enumerate(identities):
                 groups.setdefault(identity, []).append(rank)
             raise MismatchError(f"ringtree on rank {self.rank}: ranks of {name} would choose algorithms "
                                 "differently: " + "; ".join(f"ranks {r}: {i}" for i, r in groups.items()))
+        if mine.startswith("no usable"):
+            self.comm.Free()
+            raise ValueError(f"ringtree on rank {self.rank}: {mine}")
         self.tags = min(comm.Get_attr(MPI.TAG_UB), 1 << 30) + 1
         self.calls = 0
         self.plans: dict = {}  # per call shape: what allreduce.iallreduce built on the first call
