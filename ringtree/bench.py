@@ -5,7 +5,7 @@ size, each algorithm's result is first checked against `native` (the MPI
 library's own Allreduce) on the same data. Then the algorithms take turns,
 repetition by repetition, so drift of a shared machine hits them alike. A
 repetition is a barrier and then a batch of back-to-back calls, as in
-nccl-tests (enough calls for about a millisecond); its time per call is the
+nccl-tests (calls for about a millisecond, or --batch seconds); its time per call is the
 slowest rank's, and the table shows the median over repetitions.
 """
 
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segment", type=parse_size, default=None, help="segment size in bytes (default: selector's)")
     parser.add_argument("--iters", type=int, default=20, help="timed repetitions per size (fewer for big sizes)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions per size")
+    parser.add_argument("--batch", type=float, default=1e-3,
+                        help="seconds of back-to-back calls per timed repetition (longer averages out more noise)")
     parser.add_argument("--budget", type=float, default=2.0,
                         help="seconds per size and algorithm, at most, once warm; lowers --iters for big sizes")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -47,6 +49,14 @@ def parse_size(text: str) -> int:
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def format_size(nbytes: int) -> str:
+    """8 B, 4 KiB, 256 MiB: the largest binary unit that divides the size."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -155,17 +165,14 @@ def _call(comm, name, data, out, op, args):
     return lambda: allreduce(send, out, op, comm=comm, algorithm=name, segment=args.segment)
 
 
-BATCH_SECONDS = 1e-3
-
-
 def _batching(comm, calls, args) -> tuple[int, int]:
-    """(calls per batch, repetitions): batches of about BATCH_SECONDS, and --iters repetitions,
+    """(calls per batch, repetitions): batches of about --batch seconds, and --iters repetitions,
     or fewer where one round of every algorithm would overrun --budget."""
     comm.Barrier()
     start = time.perf_counter()
     for call in calls.values():
         call()
     slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
-    batch = max(1, min(100, int(BATCH_SECONDS / max(slowest_call, 1e-9))))
+    batch = max(1, int(args.batch / max(slowest_call, 1e-9)))
     iters = max(3, min(args.iters, int(args.budget / (slowest_call * batch))))
     return batch, iters

@@ -10,11 +10,13 @@ Open MPI's dynamic rules):
     {"format": "ringtree-tuning-1", "note": "where and how it was measured",
      "rules": [{"ranks": [2, 2], "bytes": [0, 65536], "algorithm": "recursive_doubling", "segment": 0},
                ...],                      # bytes: inclusive; null for no upper bound; segment 0: unsplit
-     "models": {"2": {"alpha": 4e-06, "beta": 3e-10, "gamma": 2e-10}, ...}}
+     "models": {"2": {"alpha": 4e-06, "beta": 3e-10, "gamma": 2e-10}, ...},
+     "segments": {"2": {"ring": 4194304, "double_tree": 2097152, ...}, ...}}
 
 A rule may also list "dtypes" and "ops" it is limited to. Sizes or rank counts
 no rule covers go to the α-β-γ model (ringtree.model) with the parameters
-fitted at the nearest measured rank count. `python -m ringtree tune` writes
+fitted at the nearest measured rank count. "segments" gives, per rank count,
+the segment size for an algorithm a call names (or the model picks). `python -m ringtree tune` writes
 tables; RINGTREE_TUNING_FILE=path loads one instead of the packaged default,
 RINGTREE_ALGORITHM=name takes that algorithm wherever a call says "auto".
 """
@@ -67,6 +69,7 @@ class TuningTable:
         self.origin = origin
         self.rules = data.get("rules", [])
         self.models = {int(n): Params(**p) for n, p in data.get("models", {}).items()}
+        self.segments = {int(n): s for n, s in data.get("segments", {}).items()}
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         self.digest = hashlib.sha256(canonical).hexdigest()[:16]
 
@@ -81,15 +84,25 @@ class TuningTable:
             low_bytes, high_bytes = rule["bytes"]
             if (low_ranks <= nranks <= high_ranks and low_bytes <= nbytes
                     and (high_bytes is None or nbytes <= high_bytes)
-                    and (dtype is None or "dtypes" not in rule or dtype in rule["dtypes"])
-                    and (op is None or "ops" not in rule or op in rule["ops"])):
+                    and ("dtypes" not in rule or dtype in rule["dtypes"])
+                    and ("ops" not in rule or op in rule["ops"])):
                 return i, rule
         return None
 
     def model(self, nranks: int) -> Params:
         if not self.models:
             return FALLBACK_MODEL
-        return self.models[min(self.models, key=lambda n: (abs(n - nranks), n))]
+        return self.models[_nearest(self.models, nranks)]
+
+    def segment(self, nranks: int, algorithm: str) -> int:
+        """The measured segment size for `algorithm` at the nearest rank count, else the default."""
+        if not self.segments:
+            return SEGMENT_BYTES
+        return self.segments[_nearest(self.segments, nranks)].get(algorithm, SEGMENT_BYTES)
+
+
+def _nearest(by_ranks: dict, nranks: int) -> int:
+    return min(by_ranks, key=lambda n: (abs(n - nranks), n))
 
 
 def default_table() -> TuningTable:
@@ -146,11 +159,11 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
                 segment = rule.get("segment", 0) or nbytes
         else:
             params = table().model(nranks)
-            algorithm = min(ALGORITHMS, key=lambda name: predict(name, nranks, nbytes, params,
-                                                                  segment or SEGMENT_BYTES))
+            algorithm = min(ALGORITHMS, key=lambda name: predict(
+                name, nranks, nbytes, params, segment or table().segment(nranks, name)))
             source = "model"
     if segment is None:
-        segment = SEGMENT_BYTES
+        segment = table().segment(nranks, algorithm)
     return Choice(algorithm, segment if nbytes > segment else 0, blocking, source)
 
 

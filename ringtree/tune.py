@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -24,11 +25,14 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .bench import parse_size
+from .bench import format_size, parse_size
 from .model import fit
 from .selector import FORMAT
 
-SEGMENTS = (1 << 20, 4 << 20, 16 << 20)
+SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
+# A size keeps the previous size's winner unless another case is faster by more than this: on a
+# noisy machine, near-ties would otherwise flip the table back and forth from one size to the next.
+KEEP_WITHIN = 0.05
 # Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
 UNSPLIT_MAX_BYTES = 16 << 20
 
@@ -79,6 +83,9 @@ def run(args: argparse.Namespace) -> None:
         if progress is not None:
             progress.update(len(timed))
         best = min(timed, key=timed.get)
+        previous = winners[-1][1:3] if winners else None
+        if previous in timed and timed[previous] <= (1 + KEEP_WITHIN) * timed[best]:
+            best = previous
         winners.append((nbytes, *best, timed[best]))
         measurements += [(alg, nranks, nbytes, seg, seconds) for (alg, seg), seconds in timed.items()]
     if progress is not None:
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace) -> None:
 
     params = fit(measurements)
     rules = rules_from(winners, nranks)
+    best_segments = segments_from(measurements)
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
           f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
     print(f"\n{nranks} ranks: which algorithm wins from which size")
@@ -95,8 +103,10 @@ def run(args: argparse.Namespace) -> None:
     for rule in rules:
         low, high = rule["bytes"]
         print(f"{low:>10} {high if high is not None else '…':>10}  {rule['algorithm']:<19} "
-              f"{_size(rule['segment']) if rule['segment'] else 'unsplit'}")
-    write_table(args.output, nranks, rules, params, args.note, winners)
+              f"{format_size(rule['segment']) if rule['segment'] else 'unsplit'}")
+    print("\nsegment size for an algorithm named in a call: " +
+          ", ".join(f"{name} {format_size(segment)}" for name, segment in best_segments.items()))
+    write_table(args.output, nranks, rules, params, best_segments, args.note, winners)
     print(f"\nwrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
 
 
@@ -156,9 +166,27 @@ def rules_from(winners: list[tuple[int, str, int, float]], nranks: int) -> list[
     return rules
 
 
-def write_table(path: str, nranks: int, rules: list[dict], params, note: str, winners) -> None:
+def segments_from(measurements) -> dict[str, int]:
+    """Per algorithm, the segment size that did best over the sizes where every segment was tried
+    (by the geometric mean of its time over the best time at each size)."""
+    times: dict[str, dict[int, dict[int, float]]] = {}
+    for algorithm, _, nbytes, segment, seconds in measurements:
+        times.setdefault(algorithm, {}).setdefault(nbytes, {})[segment] = seconds
+    chosen = {}
+    for algorithm, by_size in times.items():
+        segments = {segment for by_segment in by_size.values() for segment in by_segment if segment}
+        full = [{s: by_segment[s] for s in segments} for by_segment in by_size.values()
+                if segments <= by_segment.keys()]
+        if full:
+            score = {segment: sum(math.log(t[segment] / min(t.values())) for t in full) for segment in segments}
+            chosen[algorithm] = min(sorted(score), key=score.get)
+    return chosen
+
+
+def write_table(path: str, nranks: int, rules: list[dict], params, best_segments: dict[str, int], note: str,
+                winners) -> None:
     """Write the rules and model for `nranks` into the table at `path`, keeping other rank counts'."""
-    data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "measured": {}}
+    data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "segments": {}, "measured": {}}
     if os.path.exists(path):
         with open(path) as f:
             data.update(json.load(f))
@@ -167,6 +195,7 @@ def write_table(path: str, nranks: int, rules: list[dict], params, note: str, wi
     kept = [rule for rule in data["rules"] if rule["ranks"] != [nranks, nranks]]
     data["rules"] = sorted(kept + rules, key=lambda rule: rule["ranks"][0])
     data["models"][str(nranks)] = params._asdict()
+    data.setdefault("segments", {})[str(nranks)] = best_segments
     data["measured"][str(nranks)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
                                      for b, a, s, t in winners]
     if note:
@@ -174,11 +203,3 @@ def write_table(path: str, nranks: int, rules: list[dict], params, note: str, wi
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
-

@@ -1,0 +1,114 @@
+"""The selector, the tuning table and the cost model, without MPI."""
+
+import json
+
+import pytest
+
+from ringtree import selector
+from ringtree.algorithms import ALGORITHMS
+from ringtree.model import Params, coefficients, fit, predict
+from ringtree.selector import SEGMENT_BYTES, TuningTable, select
+from ringtree.verify import allreduce_schedules
+from ringtree.schedule import OpKind
+
+
+def _table(rules, models=None):
+    return TuningTable({"format": selector.FORMAT, "rules": rules, "models": models or {}}, "test.json")
+
+
+@pytest.fixture
+def table():
+    rules = [
+        {"ranks": [2, 2], "bytes": [0, 1024], "algorithm": "tree", "segment": 0, "ops": ["max"]},
+        {"ranks": [2, 2], "bytes": [0, 1024], "algorithm": "recursive_doubling", "segment": 0},
+        {"ranks": [2, 4], "bytes": [1025, None], "algorithm": "ring", "segment": 1 << 20},
+    ]
+    selector.use_table(_table(rules, {"2": {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10}}))
+    yield
+    selector.use_table(None)
+
+
+def test_the_first_matching_rule_wins_and_filters_apply(table):
+    assert select(8, 2, "float32", "max")[:2] == ("tree", 0)
+    assert select(8, 2, "float32", "sum")[:2] == ("recursive_doubling", 0)
+    assert select(1024, 2)[:2] == ("recursive_doubling", 0)
+    assert select(1025, 3)[:2] == ("ring", 0)  # one segment would hold it all: not split
+    assert select(4 << 20, 4)[:2] == ("ring", 1 << 20)
+    assert select(4 << 20, 4).source == "table test.json rule 2"
+
+
+def test_uncovered_rank_counts_go_to_the_model(table):
+    choice = select(8, 8)
+    params = selector.table().model(8)
+    assert choice.source == "model"
+    best = min(ALGORITHMS, key=lambda name: predict(name, 8, 8, params, SEGMENT_BYTES))
+    assert choice.algorithm == best
+
+
+def test_explicit_algorithm_and_segment_win(table, monkeypatch):
+    assert select(8, 2, algorithm="double_tree")[:2] == ("double_tree", 0)
+    assert select(8 << 20, 2, segment=1 << 20)[:2] == ("ring", 1 << 20)
+    monkeypatch.setenv("RINGTREE_ALGORITHM", "rabenseifner")
+    assert select(8, 2).algorithm == "rabenseifner" and select(8, 2).source == "RINGTREE_ALGORITHM"
+    assert select(8, 2, algorithm="tree").algorithm == "tree"
+    monkeypatch.setenv("RINGTREE_ALGORITHM", "nonsense")
+    with pytest.raises(ValueError, match="RINGTREE_ALGORITHM"):
+        select(8, 2)
+
+
+def test_the_identity_changes_with_the_table_and_the_setting(table, monkeypatch):
+    first = selector.identity()
+    selector.use_table(_table([{"ranks": [1, 9], "bytes": [0, None], "algorithm": "tree", "segment": 0}]))
+    assert selector.identity() != first
+    second = selector.identity()
+    monkeypatch.setenv("RINGTREE_ALGORITHM", "ring")
+    assert selector.identity() != second
+
+
+def test_bad_tables_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="not a ringtree tuning table"):
+        TuningTable({"rules": []}, "x.json")
+    with pytest.raises(ValueError, match="unknown algorithm 'fast'"):
+        _table([{"ranks": [1, 2], "bytes": [0, None], "algorithm": "fast", "segment": 0}])
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": selector.FORMAT, "rules": []}))
+    assert TuningTable.load(str(path)).origin == "t.json"
+
+
+def test_the_packaged_table_covers_2_and_4_ranks_at_every_size():
+    packaged = selector.default_table()
+    for nranks in (2, 4):
+        for shift in range(0, 31):
+            assert packaged.match(1 << shift, nranks, "float32", "sum") is not None
+        assert nranks in packaged.models
+
+
+def test_fit_recovers_the_parameters_it_was_made_with():
+    truth = Params(alpha=7e-6, beta=3e-10, gamma=9e-10)
+    measurements = [(name, n, size, 0, predict(name, n, size, truth))
+                    for name in ALGORITHMS for n in (2, 3, 4, 8) for size in (8, 4096, 1 << 20, 1 << 26)]
+    fitted = fit(measurements)
+    for got, want in zip(fitted, truth):
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13])
+def test_the_models_bytes_bound_what_the_busiest_rank_sends(algorithm, nranks):
+    # The model's β coefficient is the bytes sent along the critical path, which is at least what
+    # the busiest rank sends (double tree, pipelined, counts its two trees' traffic at once).
+    count = 1024 * nranks
+    sent = max(sum(op.src.count for op in s.ops if op.kind is OpKind.SEND)
+               for s in allreduce_schedules(algorithm, nranks, count))
+    assert sent <= coefficients(algorithm, nranks, count)[1] * count + 1e-9
+
+
+def test_tune_picks_per_algorithm_the_segment_best_where_all_were_tried():
+    from ringtree.tune import candidates, segments_from
+    timings = {(1 << 20): 3.0, (4 << 20): 2.0, (16 << 20): 2.5}
+    measurements = []
+    for nbytes in (8 << 20, 32 << 20, 64 << 20):
+        for algorithm, segment in candidates(nbytes, ["ring", "tree"], list(timings)):
+            seconds = (timings.get(segment, 9.0) if algorithm == "ring" else 10.0 - timings.get(segment, 0.0))
+            measurements.append((algorithm, 2, nbytes, segment, seconds * nbytes))
+    assert segments_from(measurements) == {"ring": 4 << 20, "tree": 1 << 20}
