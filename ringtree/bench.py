@@ -3,10 +3,11 @@
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm's result is first checked against `native` (the MPI
 library's own Allreduce) on the same data. Then the algorithms take turns,
-repetition by repetition, so drift of a shared machine hits them alike. A
-repetition is a barrier and then a batch of back-to-back calls, as in
-nccl-tests (calls for about a millisecond, or --batch seconds); its time per call is the
-slowest rank's, and the table shows the median over repetitions.
+repetition by repetition, in an order shuffled for each repetition, so drift
+of a shared machine hits them alike. A turn is a barrier and then a batch of
+back-to-back calls, as in nccl-tests (calls for about a millisecond, or
+--batch seconds); its time per call is the slowest rank's, and the table shows
+the median over repetitions.
 """
 
 from __future__ import annotations
@@ -114,18 +115,7 @@ def _measure_size(comm, algorithms, count, dtype, op, args) -> list[dict]:
         wrong.append(np.count_nonzero(out != expected))
     wrong = dict(zip(algorithms, map(int, _across_ranks(comm, wrong, MPI.SUM))))
 
-    batch, iters = _batching(comm, calls, args)
-    times = {name: [] for name in algorithms}
-    for _ in range(iters):
-        for name in algorithms:
-            call = calls[name]
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(batch):
-                call()
-            times[name].append((time.perf_counter() - start) / batch)
-    slowest = _across_ranks(comm, [times[name] for name in algorithms], MPI.MAX)
-    median = {name: float(np.median(t)) for name, t in zip(algorithms, slowest)}
+    median = time_in_turns(comm, calls, args.batch, args.iters, args.budget)
 
     rows = []
     for name in algorithms:
@@ -133,7 +123,7 @@ def _measure_size(comm, algorithms, count, dtype, op, args) -> list[dict]:
         algbw = data.nbytes / seconds / 1e9
         row = {"size": data.nbytes, "count": count, "type": str(dtype), "redop": op.value, "algorithm": name,
                "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * 2 * (size - 1) / size,
-               "wrong": wrong[name], "iters": iters, "batch": batch,
+               "wrong": wrong[name],
                "vs_native": median[NATIVE] / seconds if NATIVE in median else None}
         rows.append(row)
         if rank == 0:
@@ -165,14 +155,31 @@ def _call(comm, name, data, out, op, args):
     return lambda: allreduce(send, out, op, comm=comm, algorithm=name, segment=args.segment)
 
 
-def _batching(comm, calls, args) -> tuple[int, int]:
-    """(calls per batch, repetitions): batches of about --batch seconds, and --iters repetitions,
-    or fewer where one round of every algorithm would overrun --budget."""
+def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float) -> dict:
+    """Median seconds per call of each of `calls`, the slowest rank's.
+
+    A repetition gives every call a turn: a barrier, then a batch of about
+    `batch_seconds` of back-to-back calls. The order of the turns is shuffled
+    anew for each repetition (alike on every rank), so no call always follows
+    the same other one. `iters` repetitions, or fewer (at least 3) where they
+    would take more than `budget` seconds per call.
+    """
     comm.Barrier()
     start = time.perf_counter()
     for call in calls.values():
         call()
     slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
-    batch = max(1, int(args.batch / max(slowest_call, 1e-9)))
-    iters = max(3, min(args.iters, int(args.budget / (slowest_call * batch))))
-    return batch, iters
+    batch = max(1, int(batch_seconds / max(slowest_call, 1e-9)))
+    iters = max(3, min(iters, int(budget / (slowest_call * batch))))
+    names = list(calls)
+    times = {name: [] for name in names}
+    for repetition in range(iters):
+        for k in np.random.default_rng(repetition).permutation(len(names)):
+            call = calls[names[k]]
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                call()
+            times[names[k]].append((time.perf_counter() - start) / batch)
+    slowest = _across_ranks(comm, [times[name] for name in names], MPI.MAX)
+    return {name: float(np.median(row)) for name, row in zip(names, slowest)}

@@ -2,9 +2,10 @@
 
 Run it under mpiexec with the rank count to tune for. For each size of the
 grid it times every algorithm, unsplit and with a few segment sizes, in turns
-(a barrier, then a batch of calls; the slowest rank's time per call; the median
-over repetitions), checking each result against the MPI library's own
-allreduce. It then fits the α-β-γ model to all the timings, prints which
+as the bench does (a barrier, then a batch of calls; the slowest rank's time
+per call; the median over repetitions in shuffled order), checking each result
+against the MPI library's own allreduce. It goes over the grid twice, up and
+then down, and averages. It then fits the α-β-γ model to all the timings, prints which
 algorithm wins from which size, and writes the rules for this rank count into
 the table file, keeping the rules it holds for other rank counts.
 
@@ -18,14 +19,13 @@ import argparse
 import json
 import math
 import os
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .bench import format_size, parse_size
+from .bench import format_size, parse_size, time_in_turns
 from .model import fit
 from .selector import FORMAT
 
@@ -44,8 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated algorithms to try")
     parser.add_argument("--segments", default=",".join(f"{s >> 20}M" for s in SEGMENTS),
                         help="segment sizes to try where a message is larger")
-    parser.add_argument("--iters", type=int, default=7, help="timed repetitions per size (fewer for big sizes)")
-    parser.add_argument("--budget", type=float, default=3.0, help="seconds per size, at most, once warm")
+    parser.add_argument("--passes", type=int, default=2, help="times over the whole grid, averaged")
+    parser.add_argument("--iters", type=int, default=15, help="timed repetitions per size (fewer for big sizes)")
+    parser.add_argument("--batch", type=float, default=0.01, help="seconds of back-to-back calls per repetition")
+    parser.add_argument("--budget", type=float, default=0.5,
+                        help="seconds per size and case, at most, once warm; lowers --iters for big sizes")
     parser.add_argument("-o", "--output", default="ringtree-tuning.json",
                         help="table file to write; rules for other rank counts already in it are kept")
     parser.add_argument("--note", default="", help="where this was measured (e.g. '2-core VM'), kept in the file")
@@ -75,13 +78,19 @@ def run(args: argparse.Namespace) -> None:
     progress = None
     if rank == 0:
         from tqdm import tqdm
-        progress = tqdm(total=sum(len(candidates(s, algorithms, segments)) for s in sizes),
+        progress = tqdm(total=args.passes * sum(len(candidates(s, algorithms, segments)) for s in sizes),
                         unit="case", desc=f"tune {nranks} ranks")
+    # Each pass times the whole grid, the second from the largest size down; a case's time is the
+    # mean over passes, so a choice rests on the machine at more than one moment.
+    passes: dict[int, list[dict]] = {nbytes: [] for nbytes in sizes}
+    for k in range(args.passes):
+        for nbytes in sizes if k % 2 == 0 else sizes[::-1]:
+            passes[nbytes].append(_measure(comm, nbytes, candidates(nbytes, algorithms, segments), args))
+            if progress is not None:
+                progress.update(len(passes[nbytes][-1]))
     winners, measurements = [], []
     for nbytes in sizes:
-        timed = _measure(comm, nbytes, candidates(nbytes, algorithms, segments), args)
-        if progress is not None:
-            progress.update(len(timed))
+        timed = {case: float(np.mean([p[case] for p in passes[nbytes]])) for case in passes[nbytes][0]}
         best = min(timed, key=timed.get)
         previous = winners[-1][1:3] if winners else None
         if previous in timed and timed[previous] <= (1 + KEEP_WITHIN) * timed[best]:
@@ -130,24 +139,7 @@ def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tupl
     if any(wrong):
         raise SystemExit(f"tune: results differ from native MPI at {nbytes} B: {wrong}")
 
-    comm.Barrier()
-    start = time.perf_counter()
-    for call in calls.values():
-        call()
-    per_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
-    batch = max(1, min(100, int(1e-3 / max(per_call, 1e-9))))
-    iters = max(3, min(args.iters, int(args.budget / (per_call * batch * len(calls)))))
-    times = {case: [] for case in calls}
-    for _ in range(iters):
-        for case, call in calls.items():
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(batch):
-                call()
-            times[case].append((time.perf_counter() - start) / batch)
-    slowest = np.empty((len(calls), iters))
-    comm.Allreduce(np.array(list(times.values())), slowest, MPI.MAX)
-    return {case: float(np.median(row)) for case, row in zip(calls, slowest)}
+    return time_in_turns(comm, calls, args.batch, args.iters, args.budget)
 
 
 def rules_from(winners: list[tuple[int, str, int, float]], nranks: int) -> list[dict]:
@@ -177,7 +169,7 @@ def segments_from(measurements) -> dict[str, int]:
         segments = {segment for by_segment in by_size.values() for segment in by_segment if segment}
         full = [{s: by_segment[s] for s in segments} for by_segment in by_size.values()
                 if segments <= by_segment.keys()]
-        if full:
+        if segments and full:
             score = {segment: sum(math.log(t[segment] / min(t.values())) for t in full) for segment in segments}
             chosen[algorithm] = min(sorted(score), key=score.get)
     return chosen
