@@ -27,7 +27,7 @@ from .algorithms import ALGORITHMS
 from .allreduce import allreduce
 from .bench import format_size, parse_size, time_in_turns
 from .model import fit
-from .selector import FORMAT
+from .selector import FORMAT, SEGMENT_BYTES
 
 SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
 # A size keeps the previous size's winner unless another case is faster by more than this: on a
@@ -88,23 +88,30 @@ def run(args: argparse.Namespace) -> None:
             passes[nbytes].append(_measure(comm, nbytes, candidates(nbytes, algorithms, segments), args))
             if progress is not None:
                 progress.update(len(passes[nbytes][-1]))
-    winners, measurements = [], []
-    for nbytes in sizes:
-        timed = {case: float(np.mean([p[case] for p in passes[nbytes]])) for case in passes[nbytes][0]}
-        best = min(timed, key=timed.get)
-        previous = winners[-1][1:3] if winners else None
-        if previous in timed and timed[previous] <= (1 + KEEP_WITHIN) * timed[best]:
-            best = previous
-        winners.append((nbytes, *best, timed[best]))
-        measurements += [(alg, nranks, nbytes, seg, seconds) for (alg, seg), seconds in timed.items()]
     if progress is not None:
         progress.close()
     if rank != 0:
         return
 
+    mean = {nbytes: {case: float(np.mean([p[case] for p in runs])) for case in runs[0]}
+            for nbytes, runs in passes.items()}
+    measurements = [(alg, nranks, nbytes, seg, seconds)
+                    for nbytes, timed in mean.items() for (alg, seg), seconds in timed.items()]
     params = fit(measurements)
-    rules = rules_from(winners, nranks)
+    # One segment size per algorithm, then one algorithm per size: auto then runs exactly what a call
+    # naming that algorithm runs, and the table has fewer knobs to fit to noise.
     best_segments = segments_from(measurements)
+    winners = []
+    for nbytes, timed in mean.items():
+        cases = {alg: (alg, seg if nbytes > seg else 0) for alg in algorithms
+                 for seg in [best_segments.get(alg, SEGMENT_BYTES)]}
+        time_of = {alg: timed[case] for alg, case in cases.items() if case in timed}
+        best = min(time_of, key=time_of.get)
+        previous = winners[-1][1] if winners else None
+        if previous is not None and time_of[previous] <= (1 + KEEP_WITHIN) * time_of[best]:
+            best = previous
+        winners.append((nbytes, best, best_segments.get(best, SEGMENT_BYTES), time_of[best]))
+    rules = rules_from(winners, nranks)
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
           f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
     print(f"\n{nranks} ranks: which algorithm wins from which size")
