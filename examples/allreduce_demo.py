@@ -37,7 +37,7 @@ def main() -> None:
         print(f"{'algorithm':>10} {'rank 0 sends':>13} {'MiB':>7} {'median ms':>10} {'native ms':>10}  result")
     everything_right = True
     for choice in ("ring", "tree", "auto"):
-        algorithm = select(data.nbytes, size).algorithm if choice == "auto" else choice
+        algorithm = select(data.nbytes, size, data.dtype.name, args.op).algorithm if choice == "auto" else choice
         ours = timed(comm, args.repeat, lambda: allreduce(data, op=args.op, algorithm=choice))
         native = timed(comm, args.repeat, lambda: native_allreduce(comm, data, args.op))
         result = allreduce(data, op=args.op, algorithm=choice)

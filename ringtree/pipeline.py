@@ -11,10 +11,10 @@ of the original ops and, within one op, of their segments. Every rank splits a
 message the same way, so the k-th send on a channel still matches the k-th
 receive.
 
-Scratch memory shrinks to a ring of `window` segment-sized slots: each piece of
-data written to scratch takes the next slot, and a write into a slot waits
-until the slot's previous contents have been read. At most `window` pieces are
-in flight into scratch, and scratch is segment × window elements whatever the
+Scratch memory shrinks to `window` segment-sized slots: each piece of data
+written to scratch takes a free slot, and a write into a slot waits until the
+slot's previous contents have been read. At most `window` pieces are in
+scratch at once, and scratch is segment × window elements whatever the
 message size.
 """
 
@@ -98,6 +98,10 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
                if pieces[i].dst is not None and _is_scratch(pieces[i].dst) else [] for i in range(len(pieces))]
     unread: dict[int, int] = {}  # scratch-writing piece -> readers not yet listed
     slot_of: dict[tuple[int, Ref], int] = {}
+    # The most recently freed slot is taken first, so a receive into it follows the read of its
+    # last contents: one receive at a time per channel, with every send already posted. On a 2-core
+    # VM this ran a 2-rank 64 MiB ring in 22-24 ms against 26-30 ms for taking the least recently
+    # freed slot (receives posted ahead into other slots), three runs each.
     free_slots = list(range(window - 1, -1, -1))
     waiting: list[tuple[tuple, int]] = []  # pieces that need a slot while none is free, or not yet theirs
     # Pieces that need a slot, in the original order; earliest[0] indexes the first not yet given one.
