@@ -200,6 +200,13 @@ class ScheduleBuilder:
         return self._hazards[OUTPUT if ref.buffer == INPUT else ref.buffer]
 
 
+def single_rank(algorithm: str, count: int) -> Schedule:
+    """An allreduce on one rank: the output is a copy of the input."""
+    b = ScheduleBuilder(algorithm, 1, 0, count)
+    b.copy(Ref(OUTPUT, 0, count), Ref(INPUT, 0, count))
+    return b.build()
+
+
 def blocking_steps(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
     """The ops in their listed order, as steps for a runner that blocks on each.
 

@@ -15,7 +15,7 @@ ranks with four tree edges where three would do, and for odd N leaves rank 0
 inner in both trees.)
 """
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks
+from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks, single_rank
 
 
 def heap_tree(nranks: int, rank: int, shift: int = 0) -> tuple[int | None, list[int]]:
@@ -34,10 +34,9 @@ def tree_pair(nranks: int, rank: int) -> list[tuple[int | None, list[int]]]:
 
 
 def double_tree_allreduce(nranks: int, rank: int, count: int) -> Schedule:
-    b = ScheduleBuilder("double_tree", nranks, rank, count)
     if nranks == 1:
-        b.copy(Ref(OUTPUT, 0, count), Ref(INPUT, 0, count))
-        return b.build()
+        return single_rank("double_tree", count)
+    b = ScheduleBuilder("double_tree", nranks, rank, count)
     halves = even_chunks(count, 2)
     slots = b.scratch("incoming", 2 * max(size for _, size in halves))
     trees = [(family, Ref(INPUT, offset, size), Ref(OUTPUT, offset, size))

@@ -15,15 +15,14 @@ one's; each adds one half; the even rank sends its half-sum over, and sits out
 until the odd rank hands it the result at the end.
 """
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder
+from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, single_rank
 
 
 def rabenseifner_allreduce(nranks: int, rank: int, count: int) -> Schedule:
-    b = ScheduleBuilder("rabenseifner", nranks, rank, count)
-    mine, result = Ref(INPUT, 0, count), Ref(OUTPUT, 0, count)
     if nranks == 1:
-        b.copy(result, mine)
-        return b.build()
+        return single_rank("rabenseifner", count)
+    b = ScheduleBuilder("rabenseifner", nranks, rank, count)
+    result = Ref(OUTPUT, 0, count)
 
     def region(buffer: str, lo: int, hi: int) -> Ref:
         return Ref(buffer, lo, hi - lo)

@@ -8,15 +8,14 @@ sits out the rounds, and gets the result back at the end (Thakur, Rabenseifner
 and Gropp, 2005).
 """
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder
+from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, single_rank
 
 
 def recursive_doubling_allreduce(nranks: int, rank: int, count: int) -> Schedule:
+    if nranks == 1:
+        return single_rank("recursive_doubling", count)
     b = ScheduleBuilder("recursive_doubling", nranks, rank, count)
     mine, result = Ref(INPUT, 0, count), Ref(OUTPUT, 0, count)
-    if nranks == 1:
-        b.copy(result, mine)
-        return b.build()
 
     rounds_size = 1 << (nranks.bit_length() - 1)  # largest power of two <= nranks
     folded = nranks - rounds_size  # ranks 0, 2, ..., 2·folded - 2 sit out the rounds
