@@ -1,9 +1,11 @@
 """Check a collective's schedules for all ranks without MPI, by executing them on symbolic data.
 
-Every element of every buffer holds a vector of counts: how many times each
-rank's input has been added into it. Ranks run together, with sends that
-complete only once their receive is posted, so a schedule that could deadlock
-is caught. They run twice: as the engine runs them (any op whose dependencies
+Each rank's schedule is first checked statically: dependencies point backwards,
+regions are in bounds, and no two ops that no chain of dependencies orders
+touch the same element where one writes it (a race). Then every element of
+every buffer holds a vector of counts: how many times each rank's input has
+been added into it. Ranks run together, with sends that complete only once
+their receive is posted, so a schedule that could deadlock is caught. They run twice: as the engine runs them (any op whose dependencies
 are met), and as the blocking runner does (one step at a time, in listed
 order). Each time, every rank's output must end up holding every rank's input
 exactly once, in every element.
@@ -41,6 +43,7 @@ def verify_schedules(schedules: Sequence[Schedule], *, blocking: bool = True) ->
         if (s.rank, s.nranks) != (r, nranks):
             raise ScheduleError(f"schedule {r} claims to be rank {s.rank} of {s.nranks}")
         _check_deps(s)
+        _check_races(s)
     _run_as_engine(schedules)
     if blocking:
         _run_blocking(schedules)
@@ -126,6 +129,34 @@ def _check_deps(s: Schedule) -> None:
         for ref in op.regions:
             if (ref.buffer not in sizes or ref.offset < 0 or ref.end > sizes[ref.buffer]):
                 raise ScheduleError(f"rank {s.rank} op {i} ({op}) is out of bounds")
+
+
+def _check_races(s: Schedule) -> None:
+    """No two ops that no chain of dependencies orders may touch the same element where one of them
+    writes it. Input and output count as one buffer, as they are when the call is in place."""
+    before = []  # per op, a bitset of the ops that must finish before it starts
+    for op in s.ops:
+        mask = 0
+        for d in op.deps:
+            mask |= before[d] | (1 << d)
+        before.append(mask)
+    accesses: dict[str, list[tuple[int, int, int, bool]]] = {}
+    for i, op in enumerate(s.ops):
+        for ref, write in [(ref, False) for ref in op.srcs] + ([(op.dst, True)] if op.dst is not None else []):
+            name = OUTPUT if ref.buffer == INPUT else ref.buffer
+            accesses.setdefault(name, []).append((ref.offset, ref.end, i, write))
+    for name, items in accesses.items():
+        items.sort()
+        active: list[tuple[int, int, int, bool]] = []  # accesses that reach past the current offset
+        for offset, end, i, write in items:
+            active = [a for a in active if a[1] > offset]
+            for other_offset, _, j, other_write in active:
+                if (write or other_write) and i != j and not (before[i] >> j & 1 or before[j] >> i & 1):
+                    first, second = sorted((i, j))
+                    raise ScheduleError(
+                        f"rank {s.rank}: op {first} ({s.ops[first]}) and op {second} ({s.ops[second]}) both touch "
+                        f"{name}[{max(offset, other_offset)}], one writing it, with no dependency between them")
+            active.append((offset, end, i, write))
 
 
 def _deliver(sender: "_SymbolicRank", si: int, receiver: "_SymbolicRank", ri: int) -> None:

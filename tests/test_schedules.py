@@ -115,8 +115,10 @@ def test_verifier_catches_a_dropped_send():
 def test_verifier_catches_a_doubled_reduce():
     def double(ops):
         i = _first(ops, OpKind.REDUCE)
+        # Ops that waited for the reduce now wait for its double too, so the schedule has no race.
         return ops[:i + 1] + [Op(OpKind.REDUCE, ops[i].dst, (ops[i].dst, ops[i].srcs[0]), None, (i,))] + \
-            [replace(o, deps=tuple(d + (d > i) for d in o.deps)) for o in ops[i + 1:]]
+            [replace(o, deps=tuple(d + (d > i) for d in o.deps) + ((i + 1,) if i in o.deps else ()))
+             for o in ops[i + 1:]]
     with pytest.raises(ScheduleError, match="not every rank's input once"):
         verify_schedules(_planted("tree", 4, 8, 0, double))
 
@@ -159,3 +161,18 @@ def test_verifier_catches_an_order_that_deadlocks_only_when_run_step_by_step():
     verify_schedules(schedules, blocking=False)
     with pytest.raises(ScheduleError, match="deadlock when run step by step"):
         verify_schedules(schedules)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_algorithm_verifies_on_1_to_64_ranks(algorithm):
+    for nranks in range(1, 65):
+        verify(algorithm, nranks, 2 * nranks + 1)  # uneven chunks wherever chunks exist
+
+
+def test_verifier_catches_a_race():
+    def unordered(ops):
+        i = _first(ops, OpKind.REDUCE)  # it reads the slot a receive writes; drop what orders them
+        ops[i] = replace(ops[i], deps=())
+        return ops
+    with pytest.raises(ScheduleError, match="with no dependency between them"):
+        verify_schedules(_planted("ring", 4, 8, 1, unordered))
