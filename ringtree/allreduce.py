@@ -148,12 +148,12 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
         check_dtype(sendbuf.dtype, kind)
         if recvbuf is None:
             return sendbuf, None, kind, backend, False
+        if recvbuf is not sendbuf and _array_backend(recvbuf, "recvbuf") is not backend:
+            raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
         if not recvbuf.flags.writeable:
             raise ValueError("recvbuf is read-only")
         if recvbuf is sendbuf:
             return sendbuf, recvbuf, kind, backend, True
-        if _array_backend(recvbuf, "recvbuf") is not backend:
-            raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
         if recvbuf.dtype != sendbuf.dtype:
             raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
         if recvbuf.shape != sendbuf.shape:
