@@ -63,11 +63,9 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     if program is None or PROGRESS.requests or timeline.ACTIVE:
         return _start(call, state, source, target, recvbuf, inplace).wait()
     # Small, and nothing else in flight to progress meanwhile: run it straight through.
-    scratch = call.free_scratch.pop() if call.free_scratch else call.new_scratch()
+    scratch = call.take_scratch()
     run_blocking(program, [source, target, *scratch], call.reduce, call.backend.copy, state.comm, state.next_tag())
-    if call.average:
-        call.backend.divide(target, state.size)
-    call.free_scratch.append(scratch)
+    call.finish(target, scratch, state.size)
     return recvbuf
 
 
@@ -88,8 +86,17 @@ class _CallPlan(NamedTuple):
     dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
 
-    def new_scratch(self) -> list:
+    def take_scratch(self) -> list:
+        """Scratch buffers a finished call left, or new ones."""
+        if self.free_scratch:
+            return self.free_scratch.pop()
         return [self.backend.empty(size, self.dtype) for _, size in self.plan.schedule.scratch]
+
+    def finish(self, target, scratch: list, nranks: int) -> None:
+        """After a call's last op: divide for avg, and keep the scratch for the next call."""
+        if self.average:
+            self.backend.divide(target, nranks)
+        self.free_scratch.append(scratch)
 
 
 def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment):
@@ -118,15 +125,9 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment):
 
 
 def _start(call, state, source, target, recvbuf, inplace) -> Request:
-    scratch = call.free_scratch.pop() if call.free_scratch else call.new_scratch()
-
-    def finish():
-        if call.average:
-            call.backend.divide(target, state.size)
-        call.free_scratch.append(scratch)
-
+    scratch = call.take_scratch()
     execution = Execution(call.plan, [source, target, *scratch], inplace, call.reduce, call.backend.copy,
-                          state.comm, state.next_tag(), finish)
+                          state.comm, state.next_tag(), lambda: call.finish(target, scratch, state.size))
     return Request(execution, recvbuf)
 
 

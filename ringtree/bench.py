@@ -60,6 +60,26 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+def size_grid(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """minbytes, minbytes·factor, ... up to maxbytes."""
+    sizes = []
+    while minbytes <= maxbytes:
+        sizes.append(minbytes)
+        minbytes *= factor
+    return sizes
+
+
+def exact_inputs(comm, count: int, dtype, op: ReduceOp = ReduceOp.SUM) -> tuple[np.ndarray, np.ndarray]:
+    """(this rank's input, the native MPI result): small integers, which every order of summation
+    adds to the same bits, so any algorithm's result can be checked exactly."""
+    data = (np.arange(count) % 7 + comm.Get_rank() % 3 + 1).astype(dtype)
+    expected = np.empty_like(data)
+    comm.Allreduce(data, expected, MPI_OP[op])
+    if op is ReduceOp.AVG:
+        expected /= comm.Get_size()
+    return data, expected
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -79,11 +99,8 @@ def run(args: argparse.Namespace) -> list[dict]:
               f"{MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>10} {'time us':>10} "
               f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x native':>8}")
-    nbytes = args.minbytes
-    while nbytes <= args.maxbytes:
-        count = max(1, nbytes // dtype.itemsize)
-        rows += _measure_size(comm, algorithms, count, dtype, op, args)
-        nbytes *= args.stepfactor
+    for nbytes in size_grid(args.minbytes, args.maxbytes, args.stepfactor):
+        rows += _measure_size(comm, algorithms, max(1, nbytes // dtype.itemsize), dtype, op, args)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
             json.dump({"ranks": size, "dtype": str(dtype), "op": op.value, "inplace": args.inplace,
@@ -96,12 +113,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 def _measure_size(comm, algorithms, count, dtype, op, args) -> list[dict]:
     rank, size = comm.Get_rank(), comm.Get_size()
-    # Small integers: every order of summation gives the same bits, so results can be checked exactly.
-    data = (np.arange(count) % 7 + rank % 3 + 1).astype(dtype)
-    expected = np.empty_like(data)
-    comm.Allreduce(data, expected, MPI_OP[op])
-    if op is ReduceOp.AVG:
-        expected /= size
+    data, expected = exact_inputs(comm, count, dtype, op)
     out = np.empty_like(data)
     calls = {name: _call(comm, name, data, out, op, args) for name in algorithms}
 

@@ -65,7 +65,6 @@ class TuningTable:
         for i, rule in enumerate(data.get("rules", [])):
             if rule.get("algorithm") not in ALGORITHMS:
                 raise ValueError(f"{origin}: rule {i} names unknown algorithm {rule.get('algorithm')!r}")
-        self.data = data
         self.origin = origin
         self.rules = data.get("rules", [])
         self.models = {int(n): Params(**p) for n, p in data.get("models", {}).items()}

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .bench import format_size, parse_size, time_in_turns
+from .bench import exact_inputs, format_size, parse_size, size_grid, time_in_turns
 from .model import fit
 from .selector import FORMAT, SEGMENT_BYTES
 
@@ -69,11 +69,7 @@ def run(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
     segments = [parse_size(s) for s in args.segments.split(",") if s]
-    sizes = []
-    nbytes = args.minbytes
-    while nbytes <= args.maxbytes:
-        sizes.append(nbytes)
-        nbytes *= args.stepfactor
+    sizes = size_grid(args.minbytes, args.maxbytes, args.stepfactor)
 
     progress = None
     if rank == 0:
@@ -128,11 +124,7 @@ def run(args: argparse.Namespace) -> None:
 
 def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tuple[str, int], float]:
     """Median seconds per call of each case, the slowest rank's, timed in turns."""
-    rank = comm.Get_rank()
-    count = max(1, nbytes // 4)
-    data = (np.arange(count) % 7 + rank % 3 + 1).astype(np.float32)  # sums are exact in any order
-    expected = np.empty_like(data)
-    comm.Allreduce(data, expected)
+    data, expected = exact_inputs(comm, max(1, nbytes // 4), np.float32)
     out = np.empty_like(data)
     calls = {case: (lambda alg=case[0], seg=case[1]: allreduce(data, out, comm=comm, algorithm=alg,
                                                                 segment=seg or 1 << 62))
@@ -194,7 +186,7 @@ def write_table(path: str, nranks: int, rules: list[dict], params, best_segments
     kept = [rule for rule in data["rules"] if rule["ranks"] != [nranks, nranks]]
     data["rules"] = sorted(kept + rules, key=lambda rule: rule["ranks"][0])
     data["models"][str(nranks)] = params._asdict()
-    data.setdefault("segments", {})[str(nranks)] = best_segments
+    data["segments"][str(nranks)] = best_segments
     data["measured"][str(nranks)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
                                      for b, a, s, t in winners]
     if note:

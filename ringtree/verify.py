@@ -5,10 +5,11 @@ regions are in bounds, and no two ops that no chain of dependencies orders
 touch the same element where one writes it (a race). Then every element of
 every buffer holds a vector of counts: how many times each rank's input has
 been added into it. Ranks run together, with sends that complete only once
-their receive is posted, so a schedule that could deadlock is caught. They run twice: as the engine runs them (any op whose dependencies
-are met), and as the blocking runner does (one step at a time, in listed
-order). Each time, every rank's output must end up holding every rank's input
-exactly once, in every element.
+their receive is posted, so a schedule that could deadlock is caught. They run
+twice: as the engine runs them (any op whose dependencies are met), and as the
+blocking runner does (one step at a time, in listed order). Each time, every
+rank's output must end up holding every rank's input exactly once, in every
+element.
 """
 
 from __future__ import annotations
@@ -52,25 +53,14 @@ def verify_schedules(schedules: Sequence[Schedule], *, blocking: bool = True) ->
 def _run_as_engine(schedules: Sequence[Schedule]) -> None:
     nranks = len(schedules)
     ranks = [_SymbolicRank(s, nranks) for s in schedules]
-    posted: dict[tuple[OpKind, int, int], deque[tuple[int, int]]] = {}
+    channels = _Channels(ranks)
     while True:
         progressed = False
         for rank in ranks:
             for i in rank.post_ready():
-                op = rank.schedule.ops[i]
-                sender, receiver = (rank.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, rank.rank)
-                posted.setdefault((op.kind, sender, receiver), deque()).append((rank.rank, i))
+                channels.post(rank, i)
                 progressed = True
-        for (kind, sender, receiver), sends in posted.items():
-            if kind is not OpKind.SEND:
-                continue
-            recvs = posted.get((OpKind.RECV, sender, receiver))
-            while sends and recvs:
-                _, si = sends.popleft()
-                _, ri = recvs.popleft()
-                _deliver(ranks[sender], si, ranks[receiver], ri)
-                progressed = True
-        if not progressed:
+        if not channels.deliver() and not progressed:
             break
 
     stuck = [f"rank {r.rank} op {i} ({r.schedule.ops[i]})" for r in ranks for i in r.unfinished()]
@@ -87,7 +77,7 @@ def _run_blocking(schedules: Sequence[Schedule]) -> None:
     steps = [blocking_steps(s) for s in schedules]
     at = [0] * nranks  # each rank's current step
     posted_at = [-1] * nranks  # the step whose messages a rank has posted
-    posted: dict[tuple[OpKind, int, int], deque[int]] = {}
+    channels = _Channels(ranks)
     progressed = True
     while progressed:
         progressed = False
@@ -100,18 +90,13 @@ def _run_blocking(schedules: Sequence[Schedule]) -> None:
                 elif posted_at[r] != at[r]:
                     posted_at[r] = at[r]
                     for i in step:
-                        sender, receiver = (r, ops[i].peer) if ops[i].kind is OpKind.SEND else (ops[i].peer, r)
-                        posted.setdefault((ops[i].kind, sender, receiver), deque()).append(i)
+                        channels.post(rank, i)
                     continue
                 elif not all(rank.done[i] for i in step):
                     break
                 at[r] += 1
                 progressed = True
-        for (kind, sender, receiver), sends in posted.items():
-            recvs = posted.get((OpKind.RECV, sender, receiver)) if kind is OpKind.SEND else None
-            while sends and recvs:
-                _deliver(ranks[sender], sends.popleft(), ranks[receiver], recvs.popleft())
-                progressed = True
+        progressed |= channels.deliver()
 
     stuck = [f"rank {r} step {at[r]} ({' and '.join(str(schedules[r].ops[i]) for i in steps[r][at[r]])})"
              for r in range(nranks) if at[r] < len(steps[r])]
@@ -157,6 +142,30 @@ def _check_races(s: Schedule) -> None:
                         f"rank {s.rank}: op {first} ({s.ops[first]}) and op {second} ({s.ops[second]}) both touch "
                         f"{name}[{max(offset, other_offset)}], one writing it, with no dependency between them")
             active.append((offset, end, i, write))
+
+
+class _Channels:
+    """Messages posted and not yet matched, per (kind, sender, receiver): the k-th send from a to b
+    matches the k-th receive at b from a, as MPI's non-overtaking rule makes it."""
+
+    def __init__(self, ranks: list["_SymbolicRank"]) -> None:
+        self.ranks = ranks
+        self.posted: dict[tuple[OpKind, int, int], deque[int]] = {}
+
+    def post(self, rank: "_SymbolicRank", i: int) -> None:
+        op = rank.schedule.ops[i]
+        sender, receiver = (rank.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, rank.rank)
+        self.posted.setdefault((op.kind, sender, receiver), deque()).append(i)
+
+    def deliver(self) -> bool:
+        """Match every posted send with its receive; say whether any was."""
+        delivered = False
+        for (kind, sender, receiver), sends in self.posted.items():
+            recvs = self.posted.get((OpKind.RECV, sender, receiver)) if kind is OpKind.SEND else None
+            while sends and recvs:
+                _deliver(self.ranks[sender], sends.popleft(), self.ranks[receiver], recvs.popleft())
+                delivered = True
+        return delivered
 
 
 def _deliver(sender: "_SymbolicRank", si: int, receiver: "_SymbolicRank", ri: int) -> None:
