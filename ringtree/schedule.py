@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 INPUT = "input"
 OUTPUT = "output"
@@ -24,9 +25,9 @@ class OpKind(Enum):
     COPY = "copy"  # dst <- srcs[0]
 
 
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """A region of a buffer, in elements."""
+class Ref(NamedTuple):
+    """A region of a buffer, in elements. (Ref and Op are named tuples: a 1024-rank ring
+    makes millions of them, and a tuple is built several times faster than a frozen dataclass.)"""
 
     buffer: str
     offset: int
@@ -40,8 +41,7 @@ class Ref:
         return f"{self.buffer}[{self.offset}:{self.end}]"
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
+class Op(NamedTuple):
     kind: OpKind
     dst: Ref | None = None  # region written (RECV, REDUCE, COPY)
     srcs: tuple[Ref, ...] = ()  # regions read (SEND, COPY: one; REDUCE: left and right operand)
@@ -86,46 +86,54 @@ class Schedule:
 
 
 class _Hazards:
-    """Last writer and readers since, per element range of one buffer."""
+    """The last writer, and the readers since, of each element range of one buffer.
+
+    Ranges split where an access begins or ends. `ranges` maps each range's
+    first element to [end, writer, readers]; `starts` lists the first elements
+    in order. An access to exactly one existing range, the usual case, costs
+    one dictionary lookup.
+    """
 
     def __init__(self, size: int) -> None:
-        self.starts = [0]
-        self.writer: list[int | None] = [None]
-        self.readers: list[list[int]] = [[]]
         self.size = size
+        self.starts = [0]
+        self.ranges: dict[int, list] = {0: [size, None, []]}
 
-    def _split(self, at: int) -> int:
-        i = bisect.bisect_right(self.starts, at) - 1
-        if self.starts[i] == at:
-            return i
-        self.starts.insert(i + 1, at)
-        self.writer.insert(i + 1, self.writer[i])
-        self.readers.insert(i + 1, list(self.readers[i]))
-        return i + 1
-
-    def _span(self, ref: Ref) -> range:
-        first = self._split(ref.offset)
-        if ref.end < self.size:
-            self._split(ref.end)
-        last = bisect.bisect_left(self.starts, ref.end)
-        return range(first, last)
-
-    def deps(self, ref: Ref, write: bool) -> set[int]:
-        found: set[int] = set()
-        for i in self._span(ref):
-            if self.writer[i] is not None:
-                found.add(self.writer[i])
+    def access(self, offset: int, end: int, op: int, write: bool, deps: set[int]) -> bool:
+        """Add to `deps` the ops that `op` must follow to read or write [offset, end), and record
+        the access; False, with nothing recorded, if the region is out of bounds."""
+        found = self.ranges.get(offset)
+        if found is not None and found[0] == end:
+            covered = (found,)
+        else:
+            if offset < 0 or end > self.size:
+                return False
+            self._split(offset)
+            self._split(end)
+            first = bisect.bisect_left(self.starts, offset)
+            covered = [self.ranges[start] for start in self.starts[first:bisect.bisect_left(self.starts, end, first)]]
+        for state in covered:
+            if state[1] is not None:
+                deps.add(state[1])
             if write:
-                found.update(self.readers[i])
-        return found
-
-    def record(self, ref: Ref, op: int, write: bool) -> None:
-        for i in self._span(ref):
-            if write:
-                self.writer[i] = op
-                self.readers[i] = []
+                deps.update(state[2])
+                state[1] = op
+                state[2] = []
             else:
-                self.readers[i].append(op)
+                state[2].append(op)
+        return True
+
+    def _split(self, at: int) -> None:
+        """Make a range start at element `at` (unless `at` is the end of the buffer)."""
+        if at in self.ranges:
+            return
+        i = bisect.bisect_right(self.starts, at) - 1
+        state = self.ranges[self.starts[i]]
+        if at >= state[0]:
+            return
+        self.ranges[at] = [state[0], state[1], list(state[2])]
+        state[0] = at
+        self.starts.insert(i + 1, at)
 
 
 class ScheduleBuilder:
@@ -144,7 +152,8 @@ class ScheduleBuilder:
         self.algorithm, self.nranks, self.rank, self.count = algorithm, nranks, rank, count
         self._sizes = {INPUT: count, OUTPUT: count}
         self._scratch: list[tuple[str, int]] = []
-        self._hazards = {OUTPUT: _Hazards(count)}
+        output = _Hazards(count)
+        self._hazards = {OUTPUT: output, INPUT: output}  # as if in place
         self._ops: list[Op] = []
 
     def scratch(self, name: str, count: int) -> Ref:
@@ -157,17 +166,21 @@ class ScheduleBuilder:
         return Ref(name, 0, count)
 
     def send(self, peer: int, src: Ref) -> None:
-        self.add(Op(OpKind.SEND, srcs=(src,), peer=self._peer(peer)))
+        self._append(OpKind.SEND, None, (src,), self._peer(peer))
 
     def recv(self, peer: int, dst: Ref) -> None:
-        self.add(Op(OpKind.RECV, dst=dst, peer=self._peer(peer)))
+        self._append(OpKind.RECV, dst, (), self._peer(peer))
 
     def reduce(self, dst: Ref, left: Ref, right: Ref) -> None:
         """dst <- left (+) right; dst may be one of the operands."""
-        self.add(Op(OpKind.REDUCE, dst=dst, srcs=(left, right)))
+        self._append(OpKind.REDUCE, dst, (left, right), None)
 
     def copy(self, dst: Ref, src: Ref) -> None:
-        self.add(Op(OpKind.COPY, dst=dst, srcs=(src,)))
+        self._append(OpKind.COPY, dst, (src,), None)
+
+    def add(self, op: Op) -> None:
+        """Append `op` (its deps are ignored and derived anew)."""
+        self._append(op.kind, op.dst, op.srcs, op.peer)
 
     def build(self) -> Schedule:
         return Schedule(self.algorithm, self.nranks, self.rank, self.count,
@@ -178,26 +191,32 @@ class ScheduleBuilder:
             raise ValueError(f"rank {self.rank} of {self.nranks}: bad peer {peer}")
         return peer
 
-    def add(self, op: Op) -> None:
-        """Append `op` (its deps are ignored and derived anew)."""
-        regions = [(ref, False) for ref in op.srcs] + ([(op.dst, True)] if op.dst is not None else [])
-        if len({ref.count for ref, _ in regions}) != 1:
-            raise ValueError(f"rank {self.rank}: {op} has regions of different sizes")
-        if regions[0][0].count == 0:
+    def _append(self, kind: OpKind, dst: Ref | None, srcs: tuple[Ref, ...], peer: int | None) -> None:
+        # The hot loop of every generator: a 1024-rank ring lists five million ops.
+        if dst is None:
+            count = srcs[0].count
+        else:
+            count = dst.count
+            for ref in srcs:
+                if ref.count != count:
+                    raise ValueError(f"rank {self.rank}: {Op(kind, dst, srcs, peer)} has regions of different sizes")
+        if count == 0:
             return
-        for ref, _ in regions:
-            if ref.buffer not in self._sizes or ref.offset < 0 or ref.end > self._sizes[ref.buffer]:
-                raise ValueError(f"rank {self.rank}: {op} is out of bounds")
         index = len(self._ops)
         deps: set[int] = set()
-        for ref, write in regions:
-            deps |= self._tracker(ref).deps(ref, write)
-        for ref, write in regions:
-            self._tracker(ref).record(ref, index, write)
-        self._ops.append(Op(op.kind, op.dst, op.srcs, op.peer, tuple(sorted(deps))))
+        hazards = self._hazards
+        regions, writes = (srcs, _READS[len(srcs)]) if dst is None else (srcs + (dst,), _READS[len(srcs)] + (True,))
+        for ref, write in zip(regions, writes):
+            tracker = hazards.get(ref.buffer)
+            if tracker is None or not tracker.access(ref.offset, ref.offset + count, index, write, deps):
+                raise ValueError(f"rank {self.rank}: {Op(kind, dst, srcs, peer)} is out of bounds "
+                                 f"(the builder is not to be used after this error)")
+        deps.discard(index)
+        self._ops.append(_new_tuple(Op, (kind, dst, srcs, peer, tuple(sorted(deps)))))
 
-    def _tracker(self, ref: Ref) -> _Hazards:
-        return self._hazards[OUTPUT if ref.buffer == INPUT else ref.buffer]
+
+_READS = ((), (False,), (False, False))
+_new_tuple = tuple.__new__  # builds an Op without NamedTuple's slower Python-level __new__
 
 
 def single_rank(algorithm: str, count: int) -> Schedule:

@@ -2,7 +2,6 @@
 
 import ast
 import pathlib
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -107,7 +106,7 @@ def _first(ops, kind):
 def test_verifier_catches_a_dropped_send():
     def drop(ops):
         i = _first(ops, OpKind.SEND)
-        return ops[:i] + [replace(o, deps=tuple(d - (d > i) for d in o.deps if d != i)) for o in ops[i + 1:]]
+        return ops[:i] + [o._replace(deps=tuple(d - (d > i) for d in o.deps if d != i)) for o in ops[i + 1:]]
     with pytest.raises(ScheduleError, match="deadlock"):
         verify_schedules(_planted("ring", 4, 8, 1, drop))
 
@@ -117,7 +116,7 @@ def test_verifier_catches_a_doubled_reduce():
         i = _first(ops, OpKind.REDUCE)
         # Ops that waited for the reduce now wait for its double too, so the schedule has no race.
         return ops[:i + 1] + [Op(OpKind.REDUCE, ops[i].dst, (ops[i].dst, ops[i].srcs[0]), None, (i,))] + \
-            [replace(o, deps=tuple(d + (d > i) for d in o.deps) + ((i + 1,) if i in o.deps else ()))
+            [o._replace(deps=tuple(d + (d > i) for d in o.deps) + ((i + 1,) if i in o.deps else ()))
              for o in ops[i + 1:]]
     with pytest.raises(ScheduleError, match="not every rank's input once"):
         verify_schedules(_planted("tree", 4, 8, 0, double))
@@ -127,7 +126,7 @@ def test_verifier_catches_a_message_of_the_wrong_size():
     def shrink(ops):
         i = _first(ops, OpKind.SEND)
         src = ops[i].src
-        ops[i] = replace(ops[i], srcs=(Ref(src.buffer, src.offset, src.count - 1),))
+        ops[i] = ops[i]._replace(srcs=(Ref(src.buffer, src.offset, src.count - 1),))
         return ops
     with pytest.raises(ScheduleError, match="sends 1 elements but rank"):
         verify_schedules(_planted("ring", 2, 4, 0, shrink))
@@ -172,7 +171,32 @@ def test_every_algorithm_verifies_on_1_to_64_ranks(algorithm):
 def test_verifier_catches_a_race():
     def unordered(ops):
         i = _first(ops, OpKind.REDUCE)  # it reads the slot a receive writes; drop what orders them
-        ops[i] = replace(ops[i], deps=())
+        ops[i] = ops[i]._replace(deps=())
         return ops
     with pytest.raises(ScheduleError, match="with no dependency between them"):
         verify_schedules(_planted("ring", 4, 8, 1, unordered))
+
+
+def test_verifier_catches_a_swapped_region():
+    def swap(ops):  # the first two sends carry each other's chunk
+        i = _first(ops, OpKind.SEND)
+        j = next(k for k in range(i + 1, len(ops)) if ops[k].kind is OpKind.SEND)
+        ops[i], ops[j] = ops[i]._replace(srcs=ops[j].srcs), ops[j]._replace(srcs=ops[i].srcs)
+        return ops
+    # Now the moved send reads a chunk that a receive overwrites, unordered: named as a race.
+    with pytest.raises(ScheduleError, match=r"rank 0: op 3 \(send input\[0:2\] to 1\) and op 7 .* both touch"):
+        verify_schedules(_planted("ring", 3, 6, 0, swap), blocking=False)
+
+
+def test_verifier_catches_a_cyclic_wait():
+    # Every rank first receives, then sends what it received: each waits for its left neighbour, around the ring.
+    schedules = []
+    for rank in range(3):
+        b = ScheduleBuilder("planted", 3, rank, 3)
+        incoming = b.scratch("incoming", 3)
+        b.recv((rank - 1) % 3, incoming)
+        b.reduce(Ref(OUTPUT, 0, 3), Ref(INPUT, 0, 3), incoming)
+        b.send((rank + 1) % 3, Ref(OUTPUT, 0, 3))
+        schedules.append(b.build())
+    with pytest.raises(ScheduleError, match=r"deadlock: these ops can never finish: rank 0 op 0 \(recv"):
+        verify_schedules(schedules)

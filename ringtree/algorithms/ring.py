@@ -13,9 +13,10 @@ from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunk
 def ring_allreduce(nranks: int, rank: int, count: int) -> Schedule:
     b = ScheduleBuilder("ring", nranks, rank, count)
     chunks = even_chunks(count, nranks)
+    refs = {buffer: [Ref(buffer, *c) for c in chunks] for buffer in (INPUT, OUTPUT)}
 
     def chunk(buffer: str, index: int) -> Ref:
-        return Ref(buffer, *chunks[index % nranks])
+        return refs[buffer][index % nranks]
 
     if nranks == 1:
         b.copy(chunk(OUTPUT, 0), chunk(INPUT, 0))
