@@ -1,4 +1,4 @@
-"""Command line: python -m ringtree {bench,tune,plot,timeline-merge} ..."""
+"""Command line: python -m ringtree {bench,tune,calibrate,simulate,draw,plot,timeline-merge} ..."""
 
 import argparse
 
@@ -19,6 +19,16 @@ def main(argv=None) -> None:
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
     tune.add_arguments(tune_parser)
 
+    from . import calibrate, draw, sim
+    for name, module, summary in (
+            ("calibrate", calibrate, "fit the simulator's alpha, beta, gamma here (under mpiexec, 2+ ranks)"),
+            ("simulate", sim, "per-rank traffic and predicted time of an allreduce, from the alpha-beta-gamma model"),
+            ("draw", draw, "a schedule as an SVG flow diagram: ranks as lanes, an arrow per message")):
+        sub = commands.add_parser(name, help=summary, description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(module=module)
+
     plot_parser = commands.add_parser("plot", help="plot busbw against size from bench --json files, "
                                                    "or a merged timeline with --timeline")
     plot_parser.add_argument("results", nargs="+", help="JSON files written by bench --json (or one merged trace)")
@@ -34,6 +44,8 @@ def main(argv=None) -> None:
         bench.run(args)
     elif args.command == "tune":
         tune.run(args)
+    elif args.command in ("calibrate", "simulate", "draw"):
+        args.module.run(args)
     elif args.command == "plot":
         from .plot import plot, plot_timeline
         if args.timeline:

@@ -64,13 +64,18 @@ def fit(measurements: Iterable[tuple[str, int, int, int, float]]) -> Params:
         times.append(seconds)
     if not rows:
         raise ValueError("no measurements to fit")
-    design = np.array(rows) / np.array(times)[:, None]  # relative error: every size counts alike
-    free = [0, 1, 2]
+    return Params(*map(float, relative_nnls(np.array(rows), np.array(times))))
+
+
+def relative_nnls(design: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """x ≥ 0 minimising the sum of ((design·x - t) / t)²: every measurement counts alike, whatever its size."""
+    scaled = design / times[:, None]
+    free = list(range(design.shape[1]))
     while free:
-        solution = np.zeros(3)
-        solution[free] = np.linalg.lstsq(design[:, free], np.ones(len(rows)), rcond=None)[0]
+        solution = np.zeros(design.shape[1])
+        solution[free] = np.linalg.lstsq(scaled[:, free], np.ones(len(times)), rcond=None)[0]
         negative = [i for i in free if solution[i] < 0]
         if not negative:
-            return Params(*map(float, solution))
+            return solution
         free = [i for i in free if i not in negative]
-    return Params(0.0, 0.0, 0.0)
+    return np.zeros(design.shape[1])

@@ -155,3 +155,15 @@ def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
     run = _mpiexec(2, "-c", script, env={"RINGTREE_ALGORITHM": "double_tree", "RINGTREE_DEBUG": "1"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["8"] and "double_tree" in run.stderr and "from RINGTREE_ALGORITHM" in run.stderr
+
+
+def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
+    from ringtree.calibrate import load
+    from ringtree.sim import simulate
+    path = tmp_path / "calibration.json"
+    run = _mpiexec(2, "-m", "ringtree", "calibrate", "-e", "64K", "--iters", "3", "-o", str(path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    costs = load(str(path))
+    assert min(costs.values()) >= 0 and costs["eager_limit"] in [8 << k for k in range(14)]
+    assert "fitted to the allreduce times" in run.stdout
+    assert simulate("ring", 2, 1 << 20, **costs).time > 0

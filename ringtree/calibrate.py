@@ -1,0 +1,169 @@
+"""`python -m ringtree calibrate`: fit the simulator's α, β, γ on this machine (under mpiexec, 2+ ranks).
+
+First the primitives, on ranks 0 and 1, for sizes of 8 B to 64 MiB: they
+exchange messages with Sendrecv (both ways at once, as the simulator's ports
+are full duplex), timing T = α + β·bytes, and both reduce float32 arrays with
+numpy at once, timing T = γ·bytes (from 64 KiB up, where numpy's call overhead
+is small). The fits minimise the relative error, so small sizes set α and
+large ones β. MPI libraries send small messages eagerly and large ones after a
+handshake (rendezvous), so the message fit also looks for the size where the
+latency steps up: `eager_limit`, above which a message costs `alpha_rendezvous`.
+
+A Python allreduce is more than its messages, though: a call has a fixed cost
+(argument checks, plan lookup), the engine's bookkeeping adds to every
+message, and on shared memory the copies of a message and the reductions
+compete for the same cores. So then every algorithm runs as an allreduce on
+the two ranks, 1 KiB to 64 MiB, with the segment size the selector gives it,
+and α, α_rendezvous, β, γ and the per-call `overhead` are refitted so that the simulator
+reproduces those times (least relative error; Gauss-Newton steps on the
+simulator, which is piecewise linear in its parameters). The file keeps both
+fits and the measurements; the simulator uses the second. Timing is bench's:
+turns in shuffled order, medians of the slower rank. Other ranks wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+import numpy as np
+from mpi4py import MPI
+
+from .algorithms import ALGORITHMS
+from .allreduce import allreduce
+from .bench import format_size, parse_size, size_grid, time_in_turns
+from .model import relative_nnls
+from .selector import WINDOW, select
+from .sim import simulate
+
+FORMAT = "ringtree-calibration-1"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", default="calibration.json", help="JSON file for α, β, γ and the measurements")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="largest size measured")
+    parser.add_argument("--iters", type=int, default=15, help="timed repetitions per size")
+    parser.add_argument("--note", default="", help="a line about the machine, kept in the file")
+
+
+def run(args: argparse.Namespace) -> dict | None:
+    world = MPI.COMM_WORLD
+    if world.Get_size() < 2:
+        raise SystemExit("calibrate needs at least 2 ranks: mpiexec -n 2 python -m ringtree calibrate")
+    pair = world.Split(0 if world.Get_rank() < 2 else MPI.UNDEFINED, world.Get_rank())
+    result = None
+    if pair != MPI.COMM_NULL:
+        result = _calibrate(pair, args)
+        pair.Free()
+    world.Barrier()
+    return result
+
+
+def _calibrate(pair: MPI.Comm, args) -> dict:
+    rank, peer = pair.Get_rank(), 1 - pair.Get_rank()
+    messages, reductions = {}, {}
+    for nbytes in size_grid(8, args.maxbytes, 2):  # steps of 2: the eager limit is one of these sizes
+        out, into = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+        left, right = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
+        total = np.empty_like(left)
+        median = time_in_turns(pair, {
+            "message": lambda: pair.Sendrecv([out, MPI.BYTE], peer, 0, [into, MPI.BYTE], peer, 0),
+            "reduce": lambda: np.add(left, right, out=total)}, 1e-3, args.iters, 2.0)
+        messages[nbytes], reductions[nbytes] = median["message"], median["reduce"]
+        if rank == 0:
+            print(f"  {format_size(nbytes):>8}: message {median['message'] * 1e6:10.2f} us, "
+                  f"reduce {median['reduce'] * 1e6:10.2f} us", flush=True)
+    alpha, alpha_rendezvous, eager_limit, beta = fit_protocols(messages)
+    primitives = {"alpha": alpha, "alpha_rendezvous": alpha_rendezvous, "eager_limit": eager_limit, "beta": beta,
+                  "overhead": 0.0, "gamma": fit_per_byte({n: t for n, t in reductions.items() if n >= 64 << 10})}
+    if rank == 0:
+        print("primitives: " + describe(primitives), flush=True)
+
+    collectives = []  # (algorithm, bytes, segment, seconds)
+    for nbytes in size_grid(1 << 10, args.maxbytes, 4):
+        data = np.ones(nbytes // 4, np.float32)
+        result = np.empty_like(data)
+        segments = {name: select(nbytes, 2, "float32", "sum", name).segment for name in ALGORITHMS}
+        median = time_in_turns(pair, {name: functools.partial(allreduce, data, result, comm=pair, algorithm=name)
+                                      for name in ALGORITHMS}, 1e-3, args.iters, 2.0)
+        collectives += [(name, nbytes, segments[name], median[name]) for name in ALGORITHMS]
+        if rank == 0:
+            print(f"  {format_size(nbytes):>8}: " + ", ".join(f"{name} {median[name] * 1e6:.1f} us" for name in ALGORITHMS),
+                  flush=True)
+    fitted = fit_to_collectives(collectives, primitives)
+    result = {"format": FORMAT, **fitted, "primitives": primitives, "nranks": 2,
+              "mpi": MPI.Get_library_version().splitlines()[0].strip(), "note": args.note,
+              "message_seconds": {str(n): t for n, t in messages.items()},
+              "reduce_seconds": {str(n): t for n, t in reductions.items()},
+              "allreduce_seconds": [{"algorithm": a, "bytes": n, "segment": s, "seconds": t}
+                                    for a, n, s, t in collectives]}
+    if rank == 0:
+        print(f"fitted to the allreduce times: {describe(fitted)}; written to {args.output}")
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def describe(params: dict) -> str:
+    return (f"alpha {params['alpha'] * 1e6:.2f} us per message ({params['alpha_rendezvous'] * 1e6:.2f} us above "
+            f"{format_size(params['eager_limit'])}), beta {params['beta'] * 1e12:.1f} ps per byte, "
+            f"gamma {params['gamma'] * 1e12:.1f} ps per byte reduced, overhead {params['overhead'] * 1e6:.2f} us per call")
+
+
+FITTED = ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead")
+
+
+def fit_to_collectives(collectives, start: dict, steps: int = 6) -> dict:
+    """The costs with which the simulator best reproduces (algorithm, bytes, segment, seconds) on 2
+    ranks, in relative error; `start`'s eager limit stays. The simulated time is piecewise linear in
+    the costs, so each step fits the linearisation at the current point, from the simulator's own
+    derivatives."""
+    point = np.array([start[name] for name in FITTED]) + np.array([1e-6, 1e-6, 1e-11, 1e-11, 1e-6])
+    times = np.array([seconds for *_, seconds in collectives])
+    for _ in range(steps):
+        design = np.array([[_derivative(c, point, unit, start["eager_limit"]) for unit in np.eye(len(FITTED))]
+                           for c in collectives])
+        point = relative_nnls(design, times)
+    return {**dict(zip(FITTED, map(float, point))), "eager_limit": start["eager_limit"]}
+
+
+def _derivative(collective, point: np.ndarray, direction: np.ndarray, eager_limit: int) -> float:
+    """d(simulated time)/d(cost) at `point`, along one cost: a one-sided difference."""
+    algorithm, nbytes, segment, _ = collective
+    step = 1e-3 * max(point @ direction, 1e-12)
+
+    def at(p):
+        return simulate(algorithm, 2, nbytes, segment=segment, window=WINDOW, eager_limit=eager_limit,
+                        **dict(zip(FITTED, p))).time
+    return (at(point + step * direction) - at(point)) / step
+
+
+def fit_protocols(seconds: dict[int, float]) -> tuple[float, float, int, float]:
+    """(α, α_rendezvous, eager limit, β): a latency up to the limit, another above it, one β, with the
+    limit among the measured sizes that fits best (least relative error)."""
+    sizes = np.array(sorted(seconds), float)
+    times = np.array([seconds[n] for n in sorted(seconds)])
+    best = None
+    for limit in sizes[:-1]:
+        design = np.stack([sizes <= limit, sizes > limit, sizes], axis=1).astype(float)
+        alpha, alpha_rendezvous, beta = solution = relative_nnls(design, times)
+        error = float((((design @ solution) - times) / times) @ (((design @ solution) - times) / times))
+        if best is None or error < best[0]:
+            best = error, float(alpha), float(alpha_rendezvous), int(limit), float(beta)
+    return best[1:]
+
+
+def fit_per_byte(seconds: dict[int, float]) -> float:
+    """γ ≥ 0 minimising the relative error of γ·bytes over {bytes: seconds}."""
+    sizes = np.array(list(seconds), float)
+    return float(relative_nnls(sizes[:, None], np.array(list(seconds.values())))[0])
+
+
+def load(path: str) -> dict:
+    """The simulator's costs from a file written by calibrate: keyword arguments for simulate()."""
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a ringtree calibration file (format {data.get('format')!r})")
+    return {**{key: float(data[key]) for key in FITTED}, "eager_limit": int(data["eager_limit"])}

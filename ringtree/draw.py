@@ -1,0 +1,76 @@
+"""`python -m ringtree draw`: a schedule as a flow diagram, from the schedules the engine runs.
+
+Ranks are lanes, time runs left to right in steps: the schedules are
+simulated with unit costs (a message takes one step, a reduction or copy of
+the whole message a quarter), so every arrow is one message, from its sender when it starts to its
+receiver when it lands, labelled with the elements it carries. Reductions and
+copies are marked on their rank's lane.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .algorithms import ALGORITHMS
+from .sim import simulate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("algorithm", choices=sorted(ALGORITHMS))
+    parser.add_argument("--ranks", type=int, default=4, help="number of ranks (lanes)")
+    parser.add_argument("--count", type=int, default=None,
+                        help="elements in the message (default: one per rank, so a ring chunk is one element)")
+    parser.add_argument("--segment", type=int, default=0, help="elements per segment (default: not segmented)")
+    parser.add_argument("-o", "--output", default=None, help="image file, .svg or .png (default: ALGORITHM.svg)")
+
+
+def run(args: argparse.Namespace) -> None:
+    draw(args.algorithm, args.ranks, args.count if args.count is not None else args.ranks,
+         args.output or f"{args.algorithm}.svg", segment=args.segment)
+
+
+def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = simulate(algorithm, nranks, count, itemsize=1, segment=segment, trace=True,
+                      alpha=1.0, beta=0.0, gamma=0.25 / max(count, 1))
+    width = max(6.0, 1.1 * result.time + 2)
+    fig, ax = plt.subplots(figsize=(width, 0.9 * nranks + 1.4))
+    for rank in range(nranks):
+        ax.axhline(rank, color="0.85", lw=1, zorder=0)
+    for event in result.events:
+        region = event.region
+        label = f"{region.offset}" if region.count == 1 else f"{region.offset}:{region.offset + region.count}"
+        if event.kind == "send":
+            ax.annotate("", xy=(event.finish, event.peer), xytext=(event.start, event.rank),
+                        arrowprops=dict(arrowstyle="-|>", color="tab:blue", lw=1.2, shrinkA=3, shrinkB=3))
+            middle = (event.start + event.finish) / 2, (event.rank + event.peer) / 2
+            ax.text(*middle, label, fontsize=7, ha="center", va="center", color="tab:blue",
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none"))
+        elif event.kind in ("reduce", "copy"):
+            reduce = event.kind == "reduce"
+            ax.plot(event.finish, event.rank, marker="o" if reduce else "s", ms=11 if reduce else 8,
+                    color="tab:orange" if reduce else "tab:green", zorder=3)
+            ax.text(event.finish, event.rank, "+" if reduce else "=", fontsize=8, ha="center", va="center",
+                    color="white", zorder=4, fontweight="bold")
+            ax.text(event.finish, event.rank - 0.22, label, fontsize=6, ha="center", va="bottom",
+                    color="tab:orange" if reduce else "tab:green")
+    ax.plot([], [], color="tab:blue", label="message (elements carried)")
+    ax.plot([], [], "o", color="tab:orange", label="reduce into the output")
+    ax.plot([], [], "s", color="tab:green", label="copy")
+    ax.set_yticks(range(nranks), [f"rank {r}" for r in range(nranks)])
+    ax.set_ylim(nranks - 0.4, -0.6)
+    ax.set_xlim(-0.3, result.time + 0.3)
+    ax.set_xlabel("steps (a message takes one)")
+    sent = result.bytes_sent
+    ax.set_title(f"{algorithm}, {nranks} ranks, {count} elements: {result.time:g} steps; "
+                 f"elements sent per rank {min(sent)}" + (f"–{max(sent)}" if max(sent) != min(sent) else ""),
+                 fontsize=9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=7, frameon=False)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(output)
+    plt.close(fig)

@@ -1,0 +1,318 @@
+"""The α-β-γ simulator: every rank's schedule of one allreduce, run as discrete events, without MPI.
+
+The model: a message of b bytes takes α + β·b. It holds the sender's send port
+and the receiver's receive port for that long (each rank has one of each: full
+duplex) and starts once its send and its receive are both posted and both
+ports are free. A reduction or copy of b bytes takes γ·b on its rank's one
+processor. An optional `overhead` is the fixed cost of a call (a Python call's
+argument checks and plan lookup): every rank starts that late. And as MPI
+libraries switch from an eager protocol to a rendezvous (a handshake first)
+above some size, messages of more than `eager_limit` bytes may take
+`alpha_rendezvous` instead of α. An op is posted or started once its dependencies have finished and,
+for a message, once the message before it on its channel was posted: as the
+engine does. Messages and reductions waiting for a port or the processor get it
+in the order they became ready, ties in schedule order.
+
+The schedules are the engine's own (segmented when `segment` is given), so
+the traffic counted is exactly the traffic the engine sends. Messages hold
+whole elements of `itemsize` bytes, so where the element count does not
+divide evenly, chunks differ by one element and per-rank bytes differ from
+the ideal share by that rounding (for ring, at most 2(N-1) elements).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+import multiprocessing
+
+from .algorithms import ALGORITHMS
+from .pipeline import segmented
+from .schedule import OpKind, dataflow
+
+SEND, RECV, REDUCE, COPY = 0, 1, 2, 3  # REDUCE and COPY run on the processor
+_KIND = {OpKind.SEND: SEND, OpKind.RECV: RECV, OpKind.REDUCE: REDUCE, OpKind.COPY: COPY}
+KIND_NAMES = ("send", "recv", "reduce", "copy")
+# Below this many ranks the schedules are built in this process; above, by one worker per core.
+PARALLEL_FROM_RANKS = 128
+
+
+@dataclass(frozen=True)
+class SimResult:
+    algorithm: str
+    nranks: int
+    nbytes: int
+    itemsize: int
+    segment: int  # bytes per segment; 0: not segmented
+    time: float  # seconds until the last rank finishes
+    finish: tuple[float, ...]  # per rank: when its last op finishes
+    bytes_sent: tuple[int, ...]
+    bytes_received: tuple[int, ...]
+    messages_sent: tuple[int, ...]
+    messages_received: tuple[int, ...]
+    bytes_reduced: tuple[int, ...]
+    events: tuple[Event, ...] | None = None  # with trace=True: every op, in order of start
+
+
+class Event(tuple):
+    """One op as simulated: (rank, index, kind, peer, start, finish, region): region is the Ref sent,
+    received into or written."""
+
+    __slots__ = ()
+    rank = property(lambda self: self[0])
+    index = property(lambda self: self[1])
+    kind = property(lambda self: self[2])
+    peer = property(lambda self: self[3])
+    start = property(lambda self: self[4])
+    finish = property(lambda self: self[5])
+    region = property(lambda self: self[6])
+
+
+def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: float, gamma: float,
+             overhead: float = 0.0, eager_limit: int | None = None, alpha_rendezvous: float | None = None,
+             itemsize: int = 4, segment: int = 0, window: int = 4, trace: bool = False) -> SimResult:
+    """Simulate one allreduce of `nbytes` (whole elements of `itemsize` bytes) on `nranks` ranks.
+
+    `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
+    engine does. With `trace`, the result lists every op's start and finish.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    if nranks < 1 or nbytes < 0 or itemsize < 1 or nbytes % itemsize:
+        raise ValueError(f"need nranks >= 1 and nbytes a multiple of itemsize >= 1, "
+                         f"not nranks={nranks} nbytes={nbytes} itemsize={itemsize}")
+    if min(alpha, beta, gamma, overhead) < 0:
+        raise ValueError(f"alpha, beta, gamma and overhead must be >= 0, not {alpha}, {beta}, {gamma}, {overhead}")
+    if (eager_limit is None) != (alpha_rendezvous is None) or (alpha_rendezvous or 0) < 0 or (eager_limit or 0) < 0:
+        raise ValueError(f"eager_limit and alpha_rendezvous go together, both >= 0, not {eager_limit}, {alpha_rendezvous}")
+    count = nbytes // itemsize
+    segment_elements = max(1, segment // itemsize) if segment else 0
+    programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace)
+    return run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
+                        eager_limit, alpha_rendezvous)
+
+
+def rank_programs(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
+                  itemsize: int = 4, regions: bool = False) -> list[tuple]:
+    """Each rank's schedule in the compact form the simulation runs (segment in elements).
+    Building them is most of the work at many ranks; run_programs can run them again with other costs."""
+    jobs = [(algorithm, nranks, rank, count, segment, window, itemsize, regions) for rank in range(nranks)]
+    workers = min(os.cpu_count() or 1, 8)
+    if nranks < PARALLEL_FROM_RANKS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [_program(job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(_program, jobs, chunksize=max(1, nranks // (4 * workers))))
+
+
+def _program(job: tuple) -> tuple:
+    algorithm, nranks, rank, count, segment, window, itemsize, with_regions = job
+    schedule = ALGORITHMS[algorithm](nranks, rank, count)
+    if segment:
+        schedule = segmented(schedule, segment, window)
+    flow = dataflow(schedule)
+    ops = schedule.ops
+    sends: dict[int, list[int]] = {}  # peer -> indices of the sends to it, in order
+    for i, op in enumerate(ops):
+        if op.kind is OpKind.SEND:
+            sends.setdefault(op.peer, []).append(i)
+    receives: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        if op.kind is OpKind.RECV:
+            receives.setdefault(op.peer, []).append(i)
+    return (bytes(_KIND[op.kind] for op in ops), [op.peer for op in ops],
+            [op.regions[0].count * itemsize for op in ops], flow.dependents, flow.channel_next,
+            flow.initial_pending, sends, receives,
+            [op.src if op.kind is OpKind.SEND else op.dst for op in ops] if with_regions else None)
+
+
+def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead=0.0,
+                 trace=False, eager_limit=None, alpha_rendezvous=None) -> SimResult:
+    """simulate()'s second half: run programs from rank_programs with these costs."""
+    if eager_limit is None:
+        eager_limit, alpha_rendezvous = float("inf"), alpha
+    kinds, peers, sizes, dependents, channel_next = ([p[k] for p in programs] for k in range(5))
+    pending = [list(p[5]) for p in programs]  # counted down here; the programs stay reusable
+    partner = [[-1] * len(k) for k in kinds]  # a message's other end: the k-th send s->r meets the k-th receive at r from s
+    for s, program in enumerate(programs):
+        for r, send_indices in program[6].items():
+            receive_indices = programs[r][7].get(s, [])
+            if len(receive_indices) != len(send_indices):
+                raise RuntimeError(f"{algorithm}: rank {s} sends {len(send_indices)} messages to rank {r}, "
+                                   f"which receives {len(receive_indices)} from it")
+            for j, i in zip(send_indices, receive_indices):
+                partner[s][j], partner[r][i] = i, j
+
+    posted = [bytearray(len(k)) for k in kinds]
+    started = [bytearray(len(k)) for k in kinds]  # messages, by their send
+    start = [[0.0] * len(k) for k in kinds] if trace else None
+    finish = [[0.0] * len(k) for k in kinds]
+    done = [0] * nranks
+    cpu_busy, send_busy, recv_busy = [False] * nranks, [False] * nranks, [False] * nranks
+    cpu_queue = [deque() for _ in range(nranks)]
+    send_queue = [deque() for _ in range(nranks)]  # ready messages waiting for a port, by their send (s, j)
+    recv_queue = [deque() for _ in range(nranks)]
+    events: list[tuple[float, int, int, int]] = []  # (finish time, tie-break, rank, op): a reduction, or a message by its send
+    tick = itertools.count()
+    push, pop = heapq.heappush, heapq.heappop
+    now = overhead  # every rank starts after its call's fixed cost
+    ready = deque((r, i) for r in range(nranks) for i, p in enumerate(pending[r]) if p == 0)
+
+    def start_message(s: int, j: int) -> None:
+        r = peers[s][j]
+        started[s][j] = 1
+        send_busy[s] = recv_busy[r] = True
+        if trace:
+            start[s][j] = start[r][partner[s][j]] = now
+        size = sizes[s][j]
+        push(events, (now + (alpha if size <= eager_limit else alpha_rendezvous) + beta * size, next(tick), s, j))
+
+    def serve(queue: deque) -> None:
+        """Start the first waiting message whose other port is free too."""
+        while queue and started[queue[0][0]][queue[0][1]]:
+            queue.popleft()
+        for s, j in queue:
+            if not (started[s][j] or send_busy[s] or recv_busy[peers[s][j]]):
+                start_message(s, j)
+                return
+
+    def finished(r: int, i: int) -> None:
+        finish[r][i] = now
+        done[r] += 1
+        waiting = pending[r]
+        for d in dependents[r][i]:
+            waiting[d] -= 1
+            if not waiting[d]:
+                ready.append((r, d))
+
+    while True:
+        while ready:  # everything that became ready at `now`
+            r, i = ready.popleft()
+            kind = kinds[r][i]
+            if kind >= REDUCE:
+                if cpu_busy[r]:
+                    cpu_queue[r].append(i)
+                else:
+                    cpu_busy[r] = True
+                    if trace:
+                        start[r][i] = now
+                    push(events, (now + gamma * sizes[r][i], next(tick), r, i))
+                continue
+            following = channel_next[r][i]
+            if following >= 0:  # the next message on this channel may be posted now
+                pending[r][following] -= 1
+                if not pending[r][following]:
+                    ready.append((r, following))
+            q, k = peers[r][i], partner[r][i]
+            if not posted[q][k]:
+                posted[r][i] = 1
+                continue
+            s, j = (r, i) if kind == SEND else (q, k)
+            if send_busy[s] or recv_busy[peers[s][j]]:
+                send_queue[s].append((s, j))
+                recv_queue[peers[s][j]].append((s, j))
+            else:
+                start_message(s, j)
+        if not events:
+            break
+        now, _, r, i = pop(events)
+        if kinds[r][i] == SEND:
+            q = peers[r][i]
+            send_busy[r] = recv_busy[q] = False
+            finished(r, i)
+            finished(q, partner[r][i])
+            serve(send_queue[r])
+            serve(recv_queue[q])
+        else:
+            cpu_busy[r] = False
+            finished(r, i)
+            if cpu_queue[r]:
+                following = cpu_queue[r].popleft()
+                cpu_busy[r] = True
+                if trace:
+                    start[r][following] = now
+                push(events, (now + gamma * sizes[r][following], next(tick), r, following))
+
+    stuck = [(r, len(kinds[r]) - done[r]) for r in range(nranks) if done[r] < len(kinds[r])]
+    if stuck:
+        raise RuntimeError(f"{algorithm} on {nranks} ranks cannot finish: (rank, ops left) {stuck[:8]}")
+
+    def totals(kind: int, messages: bool = False) -> tuple[int, ...]:
+        return tuple(sum(1 if messages else size for k, size in zip(kinds[r], sizes[r]) if k == kind)
+                     for r in range(nranks))
+
+    rank_finish = tuple(max(f, default=overhead) for f in finish)
+    trace_events = None
+    if trace:
+        trace_events = tuple(sorted(
+            (Event((r, i, KIND_NAMES[kinds[r][i]], peers[r][i], start[r][i], finish[r][i], programs[r][8][i]))
+             for r in range(nranks) for i in range(len(kinds[r]))),
+            key=lambda e: (e.start, e.rank, e.index)))
+    return SimResult(algorithm, nranks, nbytes, itemsize, segment, max(rank_finish), rank_finish,
+                     totals(SEND), totals(RECV), totals(SEND, True), totals(RECV, True), totals(REDUCE),
+                     trace_events)
+
+
+def add_arguments(parser) -> None:
+    from .bench import parse_size
+    parser.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
+    parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--bytes", type=parse_size, required=True, help="message size, e.g. 8, 4K, 1MiB, 1G")
+    parser.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4, float32)")
+    parser.add_argument("--segment", type=parse_size, default=0, help="pipeline segments of this many bytes")
+    parser.add_argument("--calibration", help="α, β, γ from a file written by python -m ringtree calibrate "
+                                              "(default: the values fitted on a 2-core VM, as the selector's fallback)")
+    for name, meaning in (("alpha", "seconds per message"), ("beta", "seconds per byte sent"),
+                          ("gamma", "seconds per byte reduced"), ("overhead", "seconds per call"),
+                          ("alpha_rendezvous", "seconds per message above --eager-limit")):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"{meaning} (overrides the calibration)")
+    parser.add_argument("--eager-limit", type=parse_size, help="bytes: larger messages take --alpha-rendezvous")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args) -> SimResult:
+    import json
+    from .bench import format_size
+    from .calibrate import load
+    from .selector import FALLBACK_MODEL
+
+    params = load(args.calibration) if args.calibration else {**FALLBACK_MODEL._asdict(), "overhead": 0.0,
+                                                              "eager_limit": None, "alpha_rendezvous": None}
+    params.update({name: getattr(args, name) for name in params if getattr(args, name) is not None})
+    result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment, **params)
+    n, k = args.ranks, args.bytes
+    ideal = 2 * (n - 1) * k / n
+    rounding = ("exact: every chunk holds the same whole number of elements" if (k // args.itemsize) % n == 0 else
+                f"chunks hold whole {args.itemsize}-byte elements and differ by one, so a rank's bytes may differ "
+                f"from it by up to 2(N-1)·{args.itemsize} = {2 * (n - 1) * args.itemsize} B")
+    if args.json:
+        summary = {key: value for key, value in vars(result).items() if key != "events"}
+        summary.update(params=params, ring_ideal_bytes_per_rank=ideal, rounding=rounding)
+        print(json.dumps(summary, indent=1))
+        return result
+    print(f"# {args.algorithm}, {n} ranks, {format_size(k)} ({k // args.itemsize} elements of {args.itemsize} B)"
+          + (f", segments of {format_size(args.segment)}" if args.segment else "")
+          + f"; alpha {params['alpha']:.3g} s, beta {params['beta']:.3g} s/B, gamma {params['gamma']:.3g} s/B, "
+          f"overhead {params['overhead']:.3g} s"
+          + (f", above {params['eager_limit']} B alpha {params['alpha_rendezvous']:.3g} s" if params['eager_limit'] is not None
+             else ""))
+    print(f"predicted time: {result.time * 1e6:.2f} us; total bytes sent {sum(result.bytes_sent)}, "
+          f"messages {sum(result.messages_sent)}")
+    print(f"{'ranks':>12} {'bytes sent':>14} {'bytes recvd':>14} {'msgs sent':>10} {'msgs recvd':>10} "
+          f"{'bytes reduced':>14} {'done at us':>11}")
+    rows = list(zip(result.bytes_sent, result.bytes_received, result.messages_sent, result.messages_received,
+                    result.bytes_reduced))
+    first = 0
+    for r in range(1, n + 1):  # consecutive ranks with the same traffic share a line
+        if r == n or rows[r] != rows[first]:
+            ranks = f"{first}" if r - 1 == first else f"{first}-{r - 1}"
+            done = max(result.finish[first:r])
+            print(f"{ranks:>12} {rows[first][0]:>14} {rows[first][1]:>14} {rows[first][2]:>10} {rows[first][3]:>10} "
+                  f"{rows[first][4]:>14} {done * 1e6:>11.2f}")
+            first = r
+    if args.algorithm == "ring":
+        print(f"ring's ideal per-rank share 2(N-1)/N·K = {ideal:.1f} B; {rounding}")
+    return result

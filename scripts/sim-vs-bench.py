@@ -1,0 +1,58 @@
+"""Simulated against measured times, as a Markdown table: how well the α-β-γ model fits.
+
+    python scripts/sim-vs-bench.py calibration.json bench.json [--algorithms ring,tree] [--limit 1.5]
+
+For each size of the bench run from --min to --max bytes, the simulator runs
+the same algorithm with the segment size the selector gives it (as the bench
+did), with the costs from the calibration file. Exits non-zero if any ratio is
+beyond a factor --limit either way.
+"""
+
+import argparse
+import json
+import sys
+
+from ringtree.bench import format_size, parse_size
+from ringtree.calibrate import describe, load
+from ringtree.selector import WINDOW, select
+from ringtree.sim import simulate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("calibration", help="a file written by python -m ringtree calibrate")
+    parser.add_argument("results", help="a file written by python -m ringtree bench --json")
+    parser.add_argument("--algorithms", default="ring,tree")
+    parser.add_argument("--min", type=parse_size, default=parse_size("1K"))
+    parser.add_argument("--max", type=parse_size, default=parse_size("64M"))
+    parser.add_argument("--limit", type=float, default=1.5, help="largest acceptable factor between the two")
+    args = parser.parse_args()
+    params = load(args.calibration)
+    with open(args.results) as f:
+        bench = json.load(f)
+    algorithms = args.algorithms.split(",")
+    itemsize = 2 if bench["dtype"] == "float16" else 8 if bench["dtype"] in ("float64", "int64") else 4
+    print(f"{bench['ranks']} ranks, {bench['dtype']} {bench['op']}; {describe(params)}\n")
+    print("| size | " + " | ".join(f"{a} measured µs | {a} simulated µs | ratio" for a in algorithms) + " |")
+    print("|---:|" + "---:|---:|---:|" * len(algorithms))
+    worst = 1.0
+    rows = {(row["size"], row["algorithm"]): row["time_us"] for row in bench["rows"]}
+    for size in sorted({size for size, _ in rows}):
+        if not args.min <= size <= args.max or any((size, a) not in rows for a in algorithms):
+            continue
+        cells = []
+        for algorithm in algorithms:
+            segment = select(size, bench["ranks"], bench["dtype"], bench["op"], algorithm).segment
+            simulated = simulate(algorithm, bench["ranks"], size, itemsize=itemsize, segment=segment,
+                                 window=WINDOW, **params).time * 1e6
+            ratio = simulated / rows[size, algorithm]
+            worst = max(worst, ratio, 1 / ratio)
+            cells.append(f"{rows[size, algorithm]:.1f} | {simulated:.1f} | {ratio:.2f}")
+        print(f"| {format_size(size)} | " + " | ".join(cells) + " |")
+    print(f"\nlargest factor between simulated and measured: {worst:.2f}")
+    if worst > args.limit:
+        sys.exit(f"beyond the limit of {args.limit}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The α-β-γ simulator, the draw command and the calibration fits, checked without MPI."""
+
+import json
+import math
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ringtree.algorithms import ALGORITHMS
+from ringtree.algorithms.tree import binomial_family
+from ringtree.calibrate import fit_per_byte, fit_protocols
+from ringtree.draw import draw
+from ringtree.sim import simulate
+
+COSTS = dict(alpha=1e-5, beta=1e-9, gamma=5e-10)
+
+
+@pytest.mark.parametrize("nranks", list(range(2, 65)) + [100, 128, 255, 256])
+def test_ring_sends_2_n_minus_1_over_n_of_the_data_from_every_rank(nranks):
+    nbytes = 4 * nranks * 1000  # whole chunks: the share is exact
+    result = simulate("ring", nranks, nbytes, **COSTS)
+    ideal = 2 * (nranks - 1) * nbytes // nranks
+    assert result.bytes_sent == result.bytes_received == (ideal,) * nranks
+    assert result.messages_sent == (2 * (nranks - 1),) * nranks
+
+
+@pytest.mark.parametrize("nranks", [3, 7, 64])
+def test_ring_share_rounds_by_at_most_one_element_per_message(nranks):
+    nbytes = 4 * (nranks * 1000 + 1)
+    ideal = 2 * (nranks - 1) * nbytes / nranks
+    for sent in simulate("ring", nranks, nbytes, **COSTS).bytes_sent:
+        assert abs(sent - ideal) <= 2 * (nranks - 1) * 4
+
+
+def test_two_rank_ring_and_tree_times_follow_the_model_by_hand():
+    alpha, beta, gamma, k = 1e-5, 1e-9, 5e-10, 1 << 20
+    # ring: exchange half each way, reduce that half, exchange the reduced halves
+    ring = simulate("ring", 2, k, alpha=alpha, beta=beta, gamma=gamma)
+    assert ring.time == pytest.approx(2 * alpha + 2 * beta * k / 2 + gamma * k / 2)
+    # tree: rank 1 sends all to rank 0, which reduces and sends all back
+    tree = simulate("tree", 2, k, alpha=alpha, beta=beta, gamma=gamma)
+    assert tree.time == pytest.approx(2 * (alpha + beta * k) + gamma * k)
+
+
+def test_a_receive_port_takes_one_message_at_a_time():
+    # tree on 3 ranks: the root receives from ranks 1 and 2, one after the other, then sends to both in turn
+    alpha, k = 1e-5, 4000
+    result = simulate("tree", 3, k, alpha=alpha, beta=0.0, gamma=0.0)
+    assert result.time == pytest.approx(4 * alpha)
+    assert result.finish[0] == pytest.approx(4 * alpha)
+
+
+def test_pipelining_lets_the_levels_of_a_tree_overlap():
+    k = 64 << 20
+    whole = simulate("tree", 8, k, alpha=1e-6, beta=1e-10, gamma=1e-10)
+    pipelined = simulate("tree", 8, k, alpha=1e-6, beta=1e-10, gamma=1e-10, segment=1 << 20)
+    assert pipelined.time < 0.8 * whole.time
+    assert pipelined.bytes_sent == whole.bytes_sent
+    # a leaf sends its whole message up and receives the result, each in 64 segments
+    assert pipelined.messages_sent[7] == pipelined.messages_received[7] == 64
+
+
+def test_the_call_overhead_delays_every_rank_alike():
+    plain = simulate("double_tree", 6, 4096, **COSTS)
+    late = simulate("double_tree", 6, 4096, overhead=7e-6, **COSTS)
+    assert late.finish == pytest.approx([f + 7e-6 for f in plain.finish])
+
+
+@settings(max_examples=40, deadline=None)
+@given(algorithm=st.sampled_from(sorted(ALGORITHMS)), nranks=st.integers(1, 24), count=st.integers(0, 400),
+       segment=st.sampled_from([0, 4, 64, 256]))
+def test_traffic_balances_and_nothing_finishes_before_it_can(algorithm, nranks, count, segment):
+    result = simulate(algorithm, nranks, 4 * count, segment=segment, trace=True, **COSTS)
+    assert sum(result.bytes_sent) == sum(result.bytes_received)
+    assert sum(result.messages_sent) == sum(result.messages_received)
+    for event in result.events:
+        assert event.finish >= event.start >= 0
+    if nranks > 1 and count:
+        # at least one message of the whole data's share and one reduction stand between start and end
+        assert result.time >= COSTS["alpha"]
+    assert result.time == max(result.finish, default=0.0)
+    without_trace = simulate(algorithm, nranks, 4 * count, segment=segment, **COSTS)
+    assert without_trace.time == result.time and without_trace.bytes_sent == result.bytes_sent
+
+
+def test_tree_root_carries_log_n_times_the_data():
+    nranks, k = 16, 4 << 20
+    result = simulate("tree", nranks, k, **COSTS)
+    children = len(binomial_family(nranks, 0)[1])
+    assert children == math.log2(nranks)
+    assert result.bytes_sent[0] == result.bytes_received[0] == children * k
+    assert sum(result.bytes_sent) == 2 * (nranks - 1) * k  # each rank but the root: once up, once down
+
+
+@pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - {"ring"}))
+def test_1024_ranks(algorithm):
+    result = simulate(algorithm, 1024, 1 << 20, **COSTS)
+    assert len(result.finish) == 1024 and result.time > 0
+    assert sum(result.bytes_sent) == sum(result.bytes_received)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        simulate("butterfly", 4, 64, **COSTS)
+    with pytest.raises(ValueError, match="multiple of itemsize"):
+        simulate("ring", 4, 63, **COSTS)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        simulate("ring", 4, 64, alpha=-1.0, beta=0.0, gamma=0.0)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "double_tree"])
+def test_draw_writes_valid_svg_with_an_arrow_per_message(algorithm, tmp_path):
+    path = tmp_path / f"{algorithm}.svg"
+    draw(algorithm, 4, 4, str(path))
+    root = ElementTree.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    text = path.read_text()
+    assert all(f"rank {r}" in text for r in range(4))
+    # matplotlib names each annotation's arrow patch in a group id "patch_..."; count one per message
+    messages = sum(simulate(algorithm, 4, 4, itemsize=1, **COSTS).messages_sent)
+    arrows = sum(1 for element in root.iter() if element.get("id", "").startswith("patch_"))
+    assert arrows >= messages
+
+
+def test_simulate_command_prints_json():
+    out = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "8",
+                          "--bytes", "1MiB", "--json"], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert result["bytes_sent"] == [2 * 7 * (1 << 20) // 8] * 8
+    assert result["time"] > 0
+
+
+def test_calibration_fits_recover_known_parameters():
+    alpha, alpha_rendezvous, limit, beta = 3e-6, 9e-6, 2048, 2e-10
+    sizes = [8 << (2 * i) for i in range(12)]
+    messages = {n: (alpha if n <= limit else alpha_rendezvous) + beta * n for n in sizes}
+    fitted = fit_protocols(messages)
+    assert fitted[2] == limit
+    assert fitted[:2] + fitted[3:] == pytest.approx((alpha, alpha_rendezvous, beta), rel=1e-6)
+    assert fit_per_byte({n: 1.5e-10 * n for n in sizes}) == pytest.approx(1.5e-10)
+
+
+def test_messages_above_the_eager_limit_take_the_rendezvous_latency():
+    costs = dict(alpha=1e-6, beta=0.0, gamma=0.0)
+    small = simulate("tree", 2, 1024, eager_limit=1024, alpha_rendezvous=5e-6, **costs)
+    large = simulate("tree", 2, 1028, eager_limit=1024, alpha_rendezvous=5e-6, **costs)
+    assert small.time == pytest.approx(2e-6) and large.time == pytest.approx(10e-6)
+    with pytest.raises(ValueError, match="go together"):
+        simulate("tree", 2, 1024, eager_limit=1024, **costs)
