@@ -7,7 +7,7 @@
 
 from .buckets import GradientBucketer
 from .communicator import Communicator
-from .errors import MismatchError
+from .errors import MismatchError, TimeoutError
 
-__all__ = ["Communicator", "GradientBucketer", "MismatchError"]
+__all__ = ["Communicator", "GradientBucketer", "MismatchError", "TimeoutError"]
 __version__ = "0.1.0"

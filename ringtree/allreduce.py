@@ -13,9 +13,10 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .backend import backend_for
+from . import reliability, timeline
 from .comm import comm_state
-from . import timeline
 from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
+from .errors import MismatchError
 from .ops import ReduceOp, check_dtype, parse_op
 from .selector import WINDOW, log_choice, select
 
@@ -50,28 +51,40 @@ class Request:
         return True
 
 
-def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None):
+def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
+              timeout=None):
     """Combine `sendbuf` from every rank of `comm` with `op`; every rank gets the result.
 
     `sendbuf` is a C-contiguous array, or MPI.IN_PLACE with the input in
     `recvbuf`. The result goes into `recvbuf` (a new array when None), which is
     returned. `algorithm` is "auto" or a name from ringtree.algorithms.ALGORITHMS;
-    `segment` (bytes) overrides the pipeline's segment size.
+    `segment` (bytes) overrides the pipeline's segment size. `check=True`
+    (default: RINGTREE_CHECK) makes the ranks agree on the call's arguments
+    first and raise MismatchError if they differ; `timeout` (seconds, default:
+    RINGTREE_TIMEOUT) raises TimeoutError when the collective makes no progress
+    for that long. Both must be the same on every rank.
     """
-    call, state, source, target, recvbuf, inplace = _prepare(sendbuf, recvbuf, op, comm, algorithm, segment)
+    call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
+                                                                      segment, check, timeout)
     program = call.in_place_program if inplace else call.program
-    if program is None or PROGRESS.requests or timeline.ACTIVE:
-        return _start(call, state, source, target, recvbuf, inplace).wait()
+    if program is None or PROGRESS.requests or timeline.ACTIVE or timeout is not None:
+        return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
     # Small, and nothing else in flight to progress meanwhile: run it straight through.
     scratch = call.take_scratch()
-    run_blocking(program, [source, target, *scratch], call.reduce, call.backend.copy, state.comm, state.next_tag())
+    try:
+        run_blocking(program, [source, target, *scratch], call.reduce, call.backend.copy, state.comm, state.next_tag())
+    except MismatchError as error:
+        state.broken = error  # messages of the other ranks' call may be left unmatched
+        raise
     call.finish(target, scratch, state.size)
     return recvbuf
 
 
-def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None) -> Request:
-    """Start an allreduce and return its Request; arguments as for `allreduce`."""
-    return _start(*_prepare(sendbuf, recvbuf, op, comm, algorithm, segment))
+def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
+               timeout=None) -> Request:
+    """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
+    waiting on it; in check mode, the ranks agree before this returns)."""
+    return _start(*_prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout))
 
 
 class _CallPlan(NamedTuple):
@@ -85,6 +98,7 @@ class _CallPlan(NamedTuple):
     average: bool
     dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
+    record: object  # what check mode compares across ranks (reliability.call_record)
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
@@ -99,12 +113,19 @@ class _CallPlan(NamedTuple):
         self.free_scratch.append(scratch)
 
 
-def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment):
-    """Check the arguments and find (or build) the call plan; return what a call needs."""
+def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
+    """Check the arguments and find (or build) the call plan; in check mode, agree with the other
+    ranks on the call; return what a call needs."""
     if comm is None:
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, kind, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
-    state = comm_state(comm)
+    timeout = _checked_timeout(timeout, comm)
+    if check is not None and not isinstance(check, bool):
+        raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
+                        f"got {check!r}")
+    state = comm_state(comm, timeout)
+    if state.broken is not None:
+        raise type(state.broken)(f"ringtree on rank {state.rank}: this communicator is unusable after: {state.broken}")
     if recvbuf is None:
         recvbuf = backend.empty_like(sendbuf)
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
@@ -120,14 +141,19 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment):
         lean = choice.blocking and plan.program is not None
         call = state.plans[key] = _CallPlan(plan, plan.program if lean else None,
                                             plan.in_place_program if lean else None, backend,
-                                            backend.reducer(kind), kind is ReduceOp.AVG, dtype, [])
-    return call, state, source, target, recvbuf, inplace
+                                            backend.reducer(kind), kind is ReduceOp.AVG, dtype, [],
+                                            reliability.call_record(target.size, dtype, kind.value, choice.algorithm))
+    if reliability.CHECK if check is None else check:
+        reliability.agree(state, call.record, (target.size, dtype, kind.value, call.plan.schedule.algorithm), timeout,
+                          lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
+                                                                 algorithm="recursive_doubling", timeout=seconds))
+    return call, state, source, target, recvbuf, inplace, timeout
 
 
-def _start(call, state, source, target, recvbuf, inplace) -> Request:
+def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
     scratch = call.take_scratch()
     execution = Execution(call.plan, [source, target, *scratch], inplace, call.reduce, call.backend.copy,
-                          state.comm, state.next_tag(), lambda: call.finish(target, scratch, state.size))
+                          state, lambda: call.finish(target, scratch, state.size), timeout)
     return Request(execution, recvbuf)
 
 
@@ -165,6 +191,15 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
         return sendbuf, recvbuf, kind, backend, aliasing == "same"
     except (TypeError, ValueError) as error:
         raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
+
+
+def _checked_timeout(timeout, comm):
+    if timeout is None:
+        return reliability.TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+        raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: timeout must be a positive number "
+                         f"of seconds, got {timeout!r}")
+    return float(timeout)
 
 
 def _array_backend(buf, name):

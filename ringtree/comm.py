@@ -1,4 +1,4 @@
-"""Per-communicator state: a private duplicate for ringtree's messages, and a call counter.
+"""Per-communicator state: private duplicates for ringtree's messages, and a call counter.
 
 The state is cached as an MPI attribute of the user's communicator, so it is
 created once (collectively, at the first ringtree call on that communicator)
@@ -7,10 +7,14 @@ and freed with it.
 
 from __future__ import annotations
 
+import hashlib
+import time
+
+import numpy as np
 from mpi4py import MPI
 
-from . import selector
-from .errors import MismatchError
+from . import reliability, selector
+from .errors import MismatchError, TimeoutError
 
 _keyval: int | None = None
 # The last communicator used and its state: a loop on one communicator skips the attribute lookup.
@@ -18,33 +22,47 @@ _last: tuple[MPI.Comm | None, "CommState | None"] = (None, None)
 
 
 class CommState:
-    def __init__(self, comm: MPI.Comm) -> None:
-        self.comm = comm.Dup()
+    def __init__(self, comm: MPI.Comm, timeout: float | None) -> None:
+        """Set up ringtree on `comm`, collectively; with a `timeout`, give up (TimeoutError) if not
+        every rank joins within it."""
         name = comm.Get_name() or "comm"
-        self.comm.Set_name(f"ringtree({name})")
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         selector.configure_debug_logging(MPI.COMM_WORLD.Get_rank())
         # Every rank must make the same choices: compare what they depend on, once per communicator.
         # A rank that cannot load its table still takes part, so that none waits for it.
         try:
-            mine = selector.identity()
+            mine = f"{selector.identity()}, RINGTREE_CHECK={int(reliability.CHECK)}"
         except (OSError, ValueError) as error:
             mine = f"no usable tuning setup ({error})"
-        identities = self.comm.allgather(mine)
-        if len(set(identities)) > 1:
-            self.comm.Free()
+        # Nonblocking, so that a rank that never comes is a timeout, not a hang.
+        self.comm, dup = comm.Idup()
+        self.control, control_dup = comm.Idup()  # for timeouts: who is still here is asked on this one
+        _wait(dup, control_dup, timeout=timeout, rank=self.rank, name=name)
+        digest = np.frombuffer(hashlib.sha256(mine.encode()).digest(), np.uint8)
+        digests = np.empty((self.size, digest.size), np.uint8)
+        _wait(self.comm.Iallgather(digest, digests), timeout=timeout, rank=self.rank, name=name)
+        self.comm.Set_name(f"ringtree({name})")
+        if (digests != digest).any():
+            identities = self.comm.allgather(mine)  # every rank is here: say who differs
+            self.free()
             groups: dict[str, list[int]] = {}
             for rank, identity in enumerate(identities):
                 groups.setdefault(identity, []).append(rank)
             raise MismatchError(f"ringtree on rank {self.rank}: ranks of {name} would choose algorithms "
                                 "differently: " + "; ".join(f"ranks {r}: {i}" for i, r in groups.items()))
         if mine.startswith("no usable"):
-            self.comm.Free()
+            self.free()
             raise ValueError(f"ringtree on rank {self.rank}: {mine}")
         self.tags = min(comm.Get_attr(MPI.TAG_UB), 1 << 30) + 1
         self.calls = 0
         self.plans: dict = {}  # per call shape: what allreduce.iallreduce built on the first call
+        self.answers: list = []  # replies in flight to other ranks' questions
+        self.broken: Exception | None = None  # set by a timeout: this communicator is not to be used again
+
+    def free(self) -> None:
+        self.comm.Free()
+        self.control.Free()
 
     def next_tag(self) -> int:
         """A tag for the next collective: ranks call collectives in the same order, so they agree."""
@@ -58,11 +76,24 @@ def _free(comm, keyval, state) -> int:
     if _last[1] is state:
         _last = (None, None)
     if not MPI.Is_finalized():
-        state.comm.Free()
+        state.free()
     return MPI.SUCCESS
 
 
-def comm_state(comm: MPI.Comm) -> CommState:
+def _wait(*requests, timeout, rank, name) -> None:
+    if timeout is None:
+        MPI.Request.Waitall(requests)
+        return
+    deadline = time.perf_counter() + timeout
+    while not MPI.Request.Testall(requests):
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"ringtree on rank {rank}: not every rank of {name} came to its first ringtree "
+                               f"collective within {timeout:g} s (which ranks is not known before that "
+                               "collective has set the communicator up)")
+        time.sleep(0.0005)
+
+
+def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:
     global _keyval, _last
     if comm is _last[0]:
         return _last[1]
@@ -70,7 +101,7 @@ def comm_state(comm: MPI.Comm) -> CommState:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
     state = comm.Get_attr(_keyval)
     if state is None:
-        state = CommState(comm)
+        state = CommState(comm, timeout)
         comm.Set_attr(_keyval, state)
     _last = (comm, state)
     return state

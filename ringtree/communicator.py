@@ -13,20 +13,26 @@ class Communicator:
     """Wraps an mpi4py intracommunicator; its Allreduce and Iallreduce run on ringtree.
 
     Every other attribute is the wrapped communicator's, so `rt.Get_rank()` or
-    `rt.Bcast(...)` work as before.
+    `rt.Bcast(...)` work as before. `check` and `timeout` apply to every call
+    (as allreduce's arguments of those names; None: RINGTREE_CHECK, RINGTREE_TIMEOUT).
     """
 
-    def __init__(self, comm: MPI.Intracomm | None = None) -> None:
+    def __init__(self, comm: MPI.Intracomm | None = None, *, check: bool | None = None,
+                 timeout: float | None = None) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"ringtree.Communicator needs an intracommunicator, got {comm!r}")
         self.comm = comm
+        self.check = check
+        self.timeout = timeout
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> None:
-        allreduce(*self._arrays(sendbuf, recvbuf), op, comm=self.comm, algorithm=algorithm)
+        allreduce(*self._arrays(sendbuf, recvbuf), op, comm=self.comm, algorithm=algorithm, check=self.check,
+                  timeout=self.timeout)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> Request:
-        return iallreduce(*self._arrays(sendbuf, recvbuf), op, comm=self.comm, algorithm=algorithm)
+        return iallreduce(*self._arrays(sendbuf, recvbuf), op, comm=self.comm, algorithm=algorithm,
+                          check=self.check, timeout=self.timeout)
 
     def _arrays(self, sendbuf, recvbuf):
         """The buffer specifications as arrays, checked against each other."""

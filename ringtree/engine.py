@@ -19,7 +19,8 @@ from functools import lru_cache
 
 from mpi4py import MPI
 
-from . import timeline
+from . import reliability, timeline
+from .errors import MismatchError
 from .algorithms import ALGORITHMS
 from .pipeline import segmented
 from .schedule import INPUT, OUTPUT, OpKind, Schedule, blocking_steps, dataflow
@@ -106,28 +107,51 @@ def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: 
     """Run a compiled program to the end, blocking on each step: the lean path for small messages.
 
     Only for when no other collective is in flight in this process, since it
-    progresses nothing else. Messages go as bytes: [region, MPI.BYTE].
+    progresses nothing else. Messages go as bytes: [region, MPI.BYTE]; a
+    message of another size than its receive raises MismatchError.
     """
-    for step in program:
-        kind = step[0]
-        if kind == "sendrecv":
-            _, to, (s, ss), source, (r, rs) = step
-            comm.Sendrecv([buffers[s] if ss is None else buffers[s][ss], BYTE], to, tag,
-                          [buffers[r] if rs is None else buffers[r][rs], BYTE], source, tag)
-        elif kind == "reduce":
-            (d, ds), (l, ls), (r, rs) = step[1:]
-            reduce(buffers[l] if ls is None else buffers[l][ls], buffers[r] if rs is None else buffers[r][rs],
-                   out=buffers[d] if ds is None else buffers[d][ds])
-        elif kind == "copy":
-            (d, ds), (s, ss) = step[1:]
-            copy(buffers[d] if ds is None else buffers[d][ds], buffers[s] if ss is None else buffers[s][ss])
-        else:
-            _, peer, (b, bs) = step
-            message = [buffers[b] if bs is None else buffers[b][bs], BYTE]
-            if kind == "send":
-                comm.Send(message, peer, tag)
+    status = MPI.Status()
+    try:
+        for step in program:
+            kind = step[0]
+            if kind == "sendrecv":
+                _, to, (s, ss), source, (r, rs) = step
+                into = buffers[r] if rs is None else buffers[r][rs]
+                comm.Sendrecv([buffers[s] if ss is None else buffers[s][ss], BYTE], to, tag, [into, BYTE], source, tag,
+                              status)
+                if status.Get_count(BYTE) != into.nbytes:
+                    raise _wrong_size(comm, source, status.Get_count(BYTE), into.nbytes)
+            elif kind == "reduce":
+                (d, ds), (l, ls), (r, rs) = step[1:]
+                reduce(buffers[l] if ls is None else buffers[l][ls], buffers[r] if rs is None else buffers[r][rs],
+                       out=buffers[d] if ds is None else buffers[d][ds])
+            elif kind == "copy":
+                (d, ds), (s, ss) = step[1:]
+                copy(buffers[d] if ds is None else buffers[d][ds], buffers[s] if ss is None else buffers[s][ss])
             else:
-                comm.Recv(message, peer, tag)
+                _, peer, (b, bs) = step
+                region = buffers[b] if bs is None else buffers[b][bs]
+                if kind == "send":
+                    comm.Send([region, BYTE], peer, tag)
+                else:
+                    comm.Recv([region, BYTE], peer, tag, status)
+                    if status.Get_count(BYTE) != region.nbytes:
+                        raise _wrong_size(comm, peer, status.Get_count(BYTE), region.nbytes)
+    except MPI.Exception as error:
+        if error.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
+        raise _did_not_fit(comm) from None
+
+
+def _wrong_size(comm, peer: int, got: int, expected: int) -> MismatchError:
+    return MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: a message from rank {peer} has {got} bytes "
+                         f"where this rank expects {expected}: the ranks disagree on the count, dtype or algorithm; "
+                         "check=True (RINGTREE_CHECK=1) names them")
+
+
+def _did_not_fit(comm) -> MismatchError:
+    return MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: a message was larger than its receive: "
+                         "the ranks disagree on the count, dtype or algorithm; check=True (RINGTREE_CHECK=1) names them")
 
 
 BYTE = MPI.BYTE
@@ -136,21 +160,25 @@ BYTE = MPI.BYTE
 class Execution:
     """One rank's run of one collective."""
 
-    __slots__ = ("plan", "actions", "buffers", "reduce", "copy", "comm", "tag", "finish",
-                 "pending", "remaining", "done", "computes")
+    __slots__ = ("plan", "actions", "buffers", "reduce", "copy", "state", "comm", "seq", "tag", "finish",
+                 "timeout", "pending", "remaining", "done", "computes")
 
     def __init__(self, plan: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
-                 comm: MPI.Comm, tag: int, finish) -> None:
+                 state, finish, timeout: float | None = None) -> None:
         """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `inplace`: input and
-        output are the same memory. Messages go as bytes: [region, MPI.BYTE]."""
+        output are the same memory; `state`: the communicator's CommState. Messages go as bytes:
+        [region, MPI.BYTE]. `timeout`: seconds without progress before a wait raises TimeoutError."""
         self.plan = plan
         self.actions = plan.in_place_actions if inplace else plan.actions
         self.buffers = buffers
         self.reduce = reduce
         self.copy = copy
-        self.comm = comm
-        self.tag = tag
+        self.state = state
+        self.comm = state.comm
+        self.seq = state.calls
+        self.tag = state.next_tag()
         self.finish = finish
+        self.timeout = timeout
         self.pending = list(plan.initial_pending)
         self.remaining = len(plan.initial_pending)
         self.done = False
@@ -230,6 +258,7 @@ class Progress:
     def __init__(self) -> None:
         self.requests: list[MPI.Request] = []
         self.owners: list[tuple[Execution, int]] = []
+        self.statuses: list[MPI.Status] = []  # Testsome fills them: the size of each message received
 
     def add(self, request: MPI.Request, execution: Execution, op: int) -> None:
         self.requests.append(request)
@@ -239,11 +268,25 @@ class Progress:
         """Handle the requests that completed, if any; say whether any had."""
         if not self.requests:
             return False
-        finished = MPI.Request.Testsome(self.requests)
+        try:
+            finished = MPI.Request.Testsome(self.requests, self.statuses)
+        except MPI.Exception as error:
+            failed = [i for i, status in enumerate(self.statuses[:len(self.requests)])
+                      if MPI.Get_error_class(status.Get_error()) == MPI.ERR_TRUNCATE]
+            if error.Get_error_class() not in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS) or not failed:
+                raise
+            execution = self.owners[failed[0]][0]
+            raise self.abandon(execution, _did_not_fit(execution.comm)) from None
         if not finished:
             return False
         owners = self.owners
         done = [owners[i] for i in finished]
+        for (execution, op), status in zip(done, self.statuses):
+            action = execution.actions[op]
+            if action[0] == "recv":
+                expected = (action[3].stop - action[3].start) * execution.buffers[action[2]].itemsize
+                if status.Get_count(BYTE) != expected:
+                    raise self.abandon(execution, _wrong_size(execution.comm, action[1], status.Get_count(BYTE), expected))
         if len(finished) == len(owners):
             self.requests, self.owners = [], []
         else:
@@ -253,7 +296,26 @@ class Progress:
             execution.message_done(op)
         return True
 
+    def abandon(self, execution: Execution, error: Exception) -> Exception:
+        """Give up on `execution`: cancel its receives, let its sends go, and mark its communicator
+        unusable with `error`, which is returned to raise."""
+        for request, (owner, op) in zip(self.requests, self.owners):
+            if owner is not execution or request == MPI.REQUEST_NULL:
+                continue
+            if execution.actions[op][0] == "recv":
+                request.Cancel()
+                request.Wait()
+            else:
+                request.Free()  # a send no one takes: MPI drops it at exit
+        keep = [k for k, (owner, _) in enumerate(self.owners) if owner is not execution]
+        self.requests = [self.requests[k] for k in keep]
+        self.owners = [self.owners[k] for k in keep]
+        execution.state.broken = error
+        return error
+
     def wait(self, execution: Execution) -> None:
+        if execution.timeout is not None:
+            return self._wait_at_most(execution, execution.timeout)
         idle = 0
         while not execution.done:
             if not self.requests:
@@ -263,6 +325,32 @@ class Progress:
                 continue
             # Nothing arrived: after a few empty polls, let a process that shares this core run
             # (the peer we wait for, when ranks outnumber cores); with a core to itself, this returns at once.
+            idle += 1
+            if idle >= SPINS_BEFORE_SLEEP:
+                time.sleep(SLEEP_SECONDS)
+            elif idle >= SPINS_BEFORE_YIELD:
+                os.sched_yield()
+
+
+    def _wait_at_most(self, execution: Execution, timeout: float) -> None:
+        """wait(), but raise TimeoutError once no message completes for `timeout` seconds; meanwhile
+        answer other ranks' questions about who is still here."""
+        idle = 0
+        last_progress = next_answer = time.perf_counter()
+        while not execution.done:
+            if not self.requests:
+                raise RuntimeError("ringtree engine: a collective has ops left but no message in flight")
+            if self.poll():
+                idle = 0
+                last_progress = time.perf_counter()
+                continue
+            now = time.perf_counter()
+            if now >= next_answer:
+                reliability.answer_questions(execution.state, execution.seq)
+                next_answer = now + reliability.ANSWER_EVERY_SECONDS
+            if now - last_progress > timeout:
+                waiting = sorted(op for owner, op in self.owners if owner is execution)
+                raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
             idle += 1
             if idle >= SPINS_BEFORE_SLEEP:
                 time.sleep(SLEEP_SECONDS)

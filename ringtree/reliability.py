@@ -1,0 +1,162 @@
+"""Errors instead of hangs: check mode (ranks agree on each call before moving data) and timeouts.
+
+Check mode (`check=True`, `Communicator(check=True)` or RINGTREE_CHECK=1): before
+each allreduce the ranks allreduce a small record, (count, dtype, op,
+algorithm, call number) and its negation with MIN, so its minimum and maximum
+tell whether all agree. If not, they gather the records and every rank raises
+MismatchError naming each value and the ranks that hold it.
+
+Timeouts (`timeout=` seconds, or RINGTREE_TIMEOUT): a collective that completes
+no message for that long raises TimeoutError. Before raising, the rank asks
+every other rank, on a second private communicator, whether it is inside a
+ringtree collective there: ranks waiting with a timeout answer from their wait
+loop, and ranks that timed out first have already asked. The ranks that neither
+answer nor ask within a grace period are named as not in the collective. The
+timed-out collective's receives are cancelled and the communicator is marked
+unusable, so the program can report the error and exit.
+
+Without check mode, the engine still compares the size of every message it
+receives with its receive: a difference raises MismatchError on that rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import MismatchError, TimeoutError
+
+PING, PRESENT = 1, 2  # tags on the control communicator
+# How long a timed-out rank listens for the others' answers, and how often a waiting rank looks for questions.
+GRACE_SECONDS = 0.5
+ANSWER_EVERY_SECONDS = 0.005
+
+
+def check_default() -> bool:
+    return os.environ.get("RINGTREE_CHECK", "0") not in ("", "0")
+
+
+def timeout_default() -> float | None:
+    text = os.environ.get("RINGTREE_TIMEOUT", "")
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"RINGTREE_TIMEOUT must be a number of seconds, not {text!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"RINGTREE_TIMEOUT must be positive, not {text!r}")
+    return seconds
+
+
+CHECK = check_default()
+TIMEOUT = timeout_default()
+
+_FIELDS = ("count", "dtype", "op", "algorithm", "call number")
+
+
+def call_record(count: int, dtype, op: str, algorithm: str) -> np.ndarray:
+    """What check mode compares, as int64 codes, then their negations (the call number goes in at 4
+    and 9): a MIN allreduce of it gives every field's minimum and maximum at once. Then as many
+    elements again, for the result."""
+    codes = np.array([count, _code(dtype.str), _code(op), _code(algorithm), 0], np.int64)
+    return np.concatenate([codes, -codes, np.zeros(10, np.int64)])
+
+
+def agree(state, record: np.ndarray, call: tuple, timeout: float | None, ringtree_allreduce) -> None:
+    """Raise MismatchError on every rank unless all ranks make this call with the same arguments.
+
+    `record` is call_record's for this call, `call` its (count, dtype, op, algorithm) for the message.
+    With a timeout the comparison runs through ringtree (`ringtree_allreduce(sendbuf, recvbuf,
+    timeout)`, MIN over int64), so that a rank that does not come is named; else through MPI's own
+    Allreduce on the private communicator, the fastest way."""
+    seq = state.calls  # the same on all ranks if they made as many ringtree calls
+    record[4], record[9] = seq, -seq
+    mine, low = record[:10], record[10:]
+    if timeout is None:
+        state.comm.Allreduce(mine, low, MPI.MIN)
+    else:
+        ringtree_allreduce(mine, low, timeout)
+    smallest = low.tolist()
+    if smallest[:5] == [-value for value in smallest[5:]]:
+        return
+    count, dtype, op, algorithm = call
+    everyone = state.comm.allgather((count, dtype.name, op, algorithm, seq))  # rare: who differs, for the message
+    differences = []
+    for k, field in enumerate(_FIELDS):
+        holders: dict = {}
+        for rank, value in enumerate(everyone):
+            holders.setdefault(value[k], []).append(rank)
+        if len(holders) > 1:
+            differences.append(f"{field}: " + "; ".join(f"{value!r} on {_ranks(ranks)}" for value, ranks in holders.items()))
+    raise MismatchError(f"ringtree allreduce on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree "
+                        f"at call #{seq}: " + " | ".join(differences))
+
+
+def _code(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'rank 3' or 'ranks 0-2, 5'."""
+    spans, start = [], ranks[0]
+    for previous, current in zip(ranks, ranks[1:] + [None]):
+        if current != previous + 1:
+            spans.append(f"{start}" if start == previous else f"{start}-{previous}")
+            start = current
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
+
+
+def answer_questions(state, seq: int) -> None:
+    """Tell every rank that asked that this rank is in collective #seq (from a wait loop)."""
+    state.answers = [request for request in state.answers if not request.Test()]
+    status = MPI.Status()
+    while state.control.Iprobe(MPI.ANY_SOURCE, PING, status):
+        source = status.Get_source()
+        state.control.recv(source=source, tag=PING)
+        state.answers.append(state.control.isend(seq, source, PRESENT))
+
+
+def timed_out(execution, waiting: list[int], timeout: float) -> TimeoutError:
+    """The error for a collective that made no progress for `timeout` seconds, with its ops still in
+    flight (`waiting`, by index): what it waits for, and which ranks are not in it."""
+    state, seq = execution.state, execution.seq
+    schedule = execution.plan.schedule
+    present = _ask_who_is_here(state, seq)
+    missing = [r for r in range(state.size) if r != state.rank and r not in present]
+    elsewhere = {r: s for r, s in present.items() if s != seq}
+    text = (f"ringtree allreduce #{seq} on rank {state.rank} of {state.comm.Get_name()} "
+            f"({schedule.algorithm}, {schedule.count} elements) made no progress for {timeout:g} s")
+    if waiting:
+        op = schedule.ops[waiting[0]]
+        text += f"; it waits for op {waiting[0]} ({op}): rank {op.peer}"
+    if missing:
+        text += f"; not in any ringtree collective on this communicator: {_ranks(missing)}"
+    if elsewhere:
+        text += "; in another call: " + ", ".join(f"rank {r} in #{s}" for r, s in sorted(elsewhere.items()))
+    return TimeoutError(text)
+
+
+def _ask_who_is_here(state, seq: int) -> dict[int, int]:
+    """{rank: its call number} for the ranks that answer, or ask themselves, within the grace period."""
+    others = [r for r in range(state.size) if r != state.rank]
+    asks = [state.control.isend(seq, r, PING) for r in others]
+    present: dict[int, int] = {}
+    status = MPI.Status()
+    deadline = time.perf_counter() + GRACE_SECONDS
+    while len(present) < len(others) and time.perf_counter() < deadline:
+        if state.control.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            source, tag = status.Get_source(), status.Get_tag()
+            their_seq = state.control.recv(source=source, tag=tag)
+            present[source] = their_seq
+            if tag == PING:
+                state.answers.append(state.control.isend(seq, source, PRESENT))
+        else:
+            time.sleep(0.001)
+    for request in asks:
+        request.Free()
+    return present

@@ -1,0 +1,198 @@
+"""Errors instead of hangs: check mode, timeouts, a rank that never comes, a rank that dies."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringtree
+from ringtree.allreduce import allreduce, iallreduce
+from conftest import assert_everywhere
+
+MPIEXEC = pathlib.Path(sys.executable).parent / "mpiexec"
+one_rank_only = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+
+
+def _call(kind, rank, odd):
+    """One rank's allreduce for mismatch `kind`; the `odd` rank's differs."""
+    data = np.arange(12, dtype=np.float32)
+    if kind == "count":
+        return lambda comm: allreduce(data[:11] if rank == odd else data, comm=comm, check=True)
+    if kind == "dtype":
+        return lambda comm: allreduce(data.astype(np.float64) if rank == odd else data, comm=comm, check=True)
+    if kind == "op":
+        return lambda comm: allreduce(data, op=MPI.MAX if rank == odd else MPI.SUM, comm=comm, check=True)
+    if kind == "algorithm":
+        return lambda comm: allreduce(data, comm=comm, algorithm="tree" if rank == odd else "ring", check=True)
+    # "skip": the odd rank skips a call of 12 elements and goes on to the next, of 6
+    def skipping(comm):
+        if rank != odd:
+            allreduce(data, comm=comm, check=True)
+        allreduce(data[:6], comm=comm, check=True)
+    return skipping
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["count", "dtype", "op", "algorithm", "skip"])
+def test_check_mode_raises_each_mismatch_on_every_rank(kind):
+    world = MPI.COMM_WORLD
+    comm, rank = world.Dup(), world.Get_rank()
+    odd = world.Get_size() - 1
+    field = {"skip": "count", "algorithm": "algorithm"}.get(kind, kind)
+    started = time.perf_counter()
+    try:
+        _call(kind, rank, odd)(comm)
+        failures = [f"{kind}: no MismatchError"]
+    except ringtree.MismatchError as error:
+        text = str(error)
+        failures = [] if f"{field}: " in text and f"rank {odd}" in text else [f"{kind}: vague error: {text}"]
+    elapsed = time.perf_counter() - started
+    if elapsed > 10:
+        failures.append(f"{kind}: took {elapsed:.1f} s")
+    assert_everywhere(world, failures)
+    # Nothing was sent before the check: the communicator still works.
+    data = np.arange(5, dtype=np.int64) + rank
+    expected = np.empty_like(data)
+    world.Allreduce(data, expected)
+    assert_everywhere(world, [] if np.array_equal(allreduce(data, comm=comm, check=True), expected) else ["after"])
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_check_mode_lets_matching_calls_through(comm):
+    rank = comm.Get_rank()
+    requests, expected = [], []
+    for count in (1, 1000, 300_000):
+        data = (np.arange(count) % 5 + rank).astype(np.int32)
+        native = np.empty_like(data)
+        comm.Allreduce(data, native)
+        expected.append(native)
+        requests.append(iallreduce(data, comm=comm, check=True))
+    results = [request.wait() for request in requests]
+    assert_everywhere(comm, [count for count, (a, b) in enumerate(zip(results, expected)) if not np.array_equal(a, b)])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [40, 100_000])
+def test_without_check_mode_a_message_of_the_wrong_size_is_an_error_not_a_result(count):
+    world = MPI.COMM_WORLD
+    comm, rank, odd = world.Dup(), world.Get_rank(), world.Get_size() - 1
+    data = np.ones(count + 8 * (rank == odd), np.float32)
+    try:
+        allreduce(data, comm=comm, algorithm="ring", timeout=2.0)
+        outcome = "a result"
+    except ringtree.MismatchError as error:
+        outcome = "mismatch" if "the ranks disagree on the count, dtype or algorithm" in str(error) else str(error)
+    except ringtree.TimeoutError:
+        outcome = "timeout"  # a rank whose neighbours stopped
+    outcomes = world.allgather(outcome)
+    assert_everywhere(world, [] if "a result" not in outcomes and "mismatch" in outcomes else [outcomes])
+    world.Barrier()
+    comm.Free()
+
+
+def test_bad_check_and_timeout_arguments_are_refused():
+    data = np.ones(3)
+    with pytest.raises(TypeError, match="check must be True, False or None"):
+        allreduce(data, check="yes")
+    for bad in (0, -1.0, "5", True):
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+            allreduce(data, timeout=bad)
+
+
+def _mpiexec(nranks, script, *args, env=None, timeout=120):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALNRANKS"))}
+    started = time.perf_counter()
+    run = subprocess.run([str(MPIEXEC), "-n", str(nranks), sys.executable, "-c", textwrap.dedent(script), *args],
+                         env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return run, time.perf_counter() - started
+
+
+NEVER_JOINS = """
+    import sys, time
+    import numpy as np
+    from mpi4py import MPI
+    import ringtree
+    from ringtree.allreduce import allreduce
+    comm, timeout = MPI.COMM_WORLD, float(sys.argv[1])
+    rank, missing = comm.Get_rank(), comm.Get_size() - 1
+    allreduce(np.ones(4))  # sets the communicator up: every rank takes part
+    if rank == missing:
+        time.sleep(timeout + 3)  # never joins the next collective
+    else:
+        started = time.perf_counter()
+        try:
+            allreduce(np.ones(100_000, np.float32), timeout=timeout)
+        except ringtree.TimeoutError as error:
+            print(f"rank {rank} after {time.perf_counter() - started:.2f} s: {error}", flush=True)
+        try:
+            allreduce(np.ones(4), timeout=timeout)
+        except ringtree.TimeoutError as error:
+            print(f"rank {rank} next call: {error}", flush=True)
+"""
+
+
+@one_rank_only
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout_and_a_second(nranks):
+    timeout = 2.0
+    run, _ = _mpiexec(nranks, NEVER_JOINS, str(timeout))
+    assert run.returncode == 0, run.stdout + run.stderr
+    missing = nranks - 1
+    for rank in range(missing):
+        line = next(line for line in run.stdout.splitlines() if line.startswith(f"rank {rank} after"))
+        seconds = float(line.split()[3])
+        assert timeout <= seconds <= timeout + 1, line
+        assert f"not in any ringtree collective on this communicator: rank {missing}" in line, line
+        assert "made no progress for 2 s; it waits for op" in line, line
+        assert f"rank {rank} next call: ringtree on rank {rank}: this communicator is unusable" in run.stdout
+
+
+def test_first_call_on_a_communicator_times_out_too():
+    script = """
+        import sys, time
+        import numpy as np
+        from mpi4py import MPI
+        import ringtree
+        from ringtree.allreduce import allreduce
+        comm = MPI.COMM_WORLD
+        if comm.Get_rank() == 1:
+            time.sleep(4)
+        else:
+            try:
+                allreduce(np.ones(4), timeout=1.0)
+            except ringtree.TimeoutError as error:
+                print(error, flush=True)
+    """
+    if MPI.COMM_WORLD.Get_size() > 1:
+        pytest.skip("starts its own mpiexec; run on one rank")
+    run, _ = _mpiexec(2, script)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "not every rank of MPI_COMM_WORLD came to its first ringtree collective within 1 s" in run.stdout
+
+
+DIES = """
+    import os, time
+    import numpy as np
+    from mpi4py import MPI
+    from ringtree.allreduce import iallreduce
+    rank = MPI.COMM_WORLD.Get_rank()
+    request = iallreduce(np.ones(16 << 20, np.float32))  # 64 MiB, pipelined
+    if rank == 1:
+        request.test()
+        os._exit(3)  # in the middle of it
+    request.wait()
+"""
+
+
+@one_rank_only
+def test_a_rank_that_dies_mid_allreduce_ends_the_job_with_an_error():
+    run, seconds = _mpiexec(3, DIES, timeout=90)
+    assert run.returncode != 0
+    assert seconds < 60, f"took {seconds:.1f} s"
