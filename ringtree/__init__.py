@@ -7,7 +7,7 @@
 
 from .buckets import GradientBucketer
 from .communicator import Communicator
-from .errors import MismatchError, TimeoutError
+from .errors import MismatchError, PeerFailure, TimeoutError
 
-__all__ = ["Communicator", "GradientBucketer", "MismatchError", "TimeoutError"]
+__all__ = ["Communicator", "GradientBucketer", "MismatchError", "PeerFailure", "TimeoutError"]
 __version__ = "0.1.0"

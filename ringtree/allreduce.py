@@ -16,7 +16,7 @@ from .backend import backend_for
 from . import reliability, timeline
 from .comm import comm_state
 from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
-from .errors import MismatchError
+from .errors import MismatchError, PeerFailure
 from .ops import ReduceOp, check_dtype, parse_op
 from .selector import WINDOW, log_choice, select
 
@@ -73,7 +73,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     scratch = call.take_scratch()
     try:
         run_blocking(program, [source, target, *scratch], call.reduce, call.backend.copy, state.comm, state.next_tag())
-    except MismatchError as error:
+    except (MismatchError, PeerFailure) as error:
         state.broken = error  # messages of the other ranks' call may be left unmatched
         raise
     call.finish(target, scratch, state.size)

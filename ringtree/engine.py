@@ -20,7 +20,7 @@ from functools import lru_cache
 from mpi4py import MPI
 
 from . import reliability, timeline
-from .errors import MismatchError
+from .errors import MismatchError, PeerFailure
 from .algorithms import ALGORITHMS
 from .pipeline import segmented
 from .schedule import INPUT, OUTPUT, OpKind, Schedule, blocking_steps, dataflow
@@ -138,15 +138,56 @@ def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: 
                     if status.Get_count(BYTE) != region.nbytes:
                         raise _wrong_size(comm, peer, status.Get_count(BYTE), region.nbytes)
     except MPI.Exception as error:
-        if error.Get_error_class() != MPI.ERR_TRUNCATE:
+        translated = _translated(error, comm, [status])
+        if translated is None:
             raise
-        raise _did_not_fit(comm) from None
+        raise translated from None
 
 
 def _wrong_size(comm, peer: int, got: int, expected: int) -> MismatchError:
     return MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: a message from rank {peer} has {got} bytes "
                          f"where this rank expects {expected}: the ranks disagree on the count, dtype or algorithm; "
                          "check=True (RINGTREE_CHECK=1) names them")
+
+
+_PEER_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+
+
+def _error_classes(error: MPI.Exception, statuses: list) -> list[int]:
+    """The error's class, and for MPI_ERR_IN_STATUS those of the statuses, in order."""
+    if error.Get_error_class() != MPI.ERR_IN_STATUS:
+        return [error.Get_error_class()]
+    return [MPI.Get_error_class(status.Get_error()) for status in statuses]
+
+
+def _translated(error: MPI.Exception, comm, statuses: list) -> Exception | None:
+    """ringtree's error for an MPI error it understands: a message larger than its receive, or a
+    failed peer; None for any other."""
+    classes = _error_classes(error, statuses)
+    if MPI.ERR_TRUNCATE in classes:
+        return _did_not_fit(comm)
+    if any(c in _PEER_FAILED for c in classes):
+        return _peer_failure(comm)
+    return None
+
+
+def _peer_failure(comm) -> PeerFailure:
+    """Which ranks failed, as far as this rank knows; and revoke ringtree's communicator, so that the
+    survivors still waiting on it stop too, and raise this as well."""
+    try:
+        group = comm.Get_failed()
+        failed = list(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group()))
+        group.Free()
+    except MPI.Exception:
+        failed = []
+    try:
+        comm.Revoke()
+    except MPI.Exception:
+        pass
+    return PeerFailure(f"ringtree allreduce on rank {comm.Get_rank()}: "
+                       + (f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed" if failed
+                          else "a rank failed (the MPI did not say which)")
+                       + "; the communicator can be shrunk to the survivors (comm.Shrink()) to go on", failed)
 
 
 def _did_not_fit(comm) -> MismatchError:
@@ -271,12 +312,13 @@ class Progress:
         try:
             finished = MPI.Request.Testsome(self.requests, self.statuses)
         except MPI.Exception as error:
-            failed = [i for i, status in enumerate(self.statuses[:len(self.requests)])
-                      if MPI.Get_error_class(status.Get_error()) == MPI.ERR_TRUNCATE]
-            if error.Get_error_class() not in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS) or not failed:
+            classes = _error_classes(error, self.statuses[:len(self.requests)])
+            failing = next((i for i, c in enumerate(classes) if c == MPI.ERR_TRUNCATE or c in _PEER_FAILED), 0)
+            execution = self.owners[failing][0] if failing < len(self.owners) else self.owners[0][0]
+            translated = _translated(error, execution.comm, self.statuses[:len(self.requests)])
+            if translated is None:
                 raise
-            execution = self.owners[failed[0]][0]
-            raise self.abandon(execution, _did_not_fit(execution.comm)) from None
+            raise self.abandon(execution, translated) from None
         if not finished:
             return False
         owners = self.owners
@@ -302,11 +344,14 @@ class Progress:
         for request, (owner, op) in zip(self.requests, self.owners):
             if owner is not execution or request == MPI.REQUEST_NULL:
                 continue
-            if execution.actions[op][0] == "recv":
-                request.Cancel()
-                request.Wait()
-            else:
-                request.Free()  # a send no one takes: MPI drops it at exit
+            try:
+                if execution.actions[op][0] == "recv" or isinstance(error, PeerFailure):
+                    request.Cancel()
+                    request.Wait()  # on a revoked communicator this returns (with an error) at once
+                else:
+                    request.Free()  # a send a live peer may still take: MPI drops it at exit
+            except MPI.Exception:
+                pass  # a peer failed, or the communicator is revoked: nothing more to undo
         keep = [k for k, (owner, _) in enumerate(self.owners) if owner is not execution]
         self.requests = [self.requests[k] for k in keep]
         self.owners = [self.owners[k] for k in keep]

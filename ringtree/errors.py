@@ -11,3 +11,13 @@ class TimeoutError(builtins.TimeoutError):
     """A collective made no progress for its timeout. The message names the collective, its
     algorithm, the op and peer this rank waits for, and the ranks that are not in the collective.
     The communicator cannot be used for ringtree collectives afterwards."""
+
+
+class PeerFailure(RuntimeError):
+    """Ranks of the communicator failed during a collective (reported by an MPI with ULFM fault
+    tolerance, as Open MPI's `mpiexec --with-ft ulfm`). `failed` lists their ranks; the communicator
+    can be shrunk to the survivors (`comm.Shrink()`) to go on."""
+
+    def __init__(self, message: str, failed: list[int]) -> None:
+        super().__init__(message)
+        self.failed = failed
