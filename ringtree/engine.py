@@ -339,8 +339,9 @@ class Progress:
         return True
 
     def abandon(self, execution: Execution, error: Exception) -> Exception:
-        """Give up on `execution`: cancel its receives, let its sends go, and mark its communicator
-        unusable with `error`, which is returned to raise."""
+        """Give up on `execution`: cancel its receives (and its sends, when a peer failed: else MPI
+        would wait for them at exit), and mark its communicator unusable with `error`, which is
+        returned to raise."""
         for request, (owner, op) in zip(self.requests, self.owners):
             if owner is not execution or request == MPI.REQUEST_NULL:
                 continue
