@@ -120,11 +120,12 @@ NEVER_JOINS = """
     from mpi4py import MPI
     import ringtree
     from ringtree.allreduce import allreduce
-    comm, timeout, folder = MPI.COMM_WORLD, float(sys.argv[1]), pathlib.Path(sys.argv[2])
+    comm, folder = MPI.COMM_WORLD, pathlib.Path(sys.argv[2])
+    timeout = None if sys.argv[1] == "env" else float(sys.argv[1])  # "env": RINGTREE_TIMEOUT sets it
     rank, missing = comm.Get_rank(), comm.Get_size() - 1
     allreduce(np.ones(4))  # sets the communicator up: every rank takes part
     if rank == missing:
-        time.sleep(timeout + 3)  # never joins the next collective
+        time.sleep((timeout or ringtree.reliability.TIMEOUT) + 3)  # never joins the next collective
     else:
         report = []
         started = time.perf_counter()
@@ -141,10 +142,13 @@ NEVER_JOINS = """
 
 
 @one_rank_only
-@pytest.mark.parametrize("nranks", [2, 4])
-def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout_and_a_second(nranks, tmp_path):
+@pytest.mark.parametrize("nranks, how", [(2, "argument"), (4, "argument"), (3, "environment")])
+def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout_and_a_second(nranks, how, tmp_path):
     timeout = 2.0
-    run, _ = _mpiexec(nranks, NEVER_JOINS, str(timeout), str(tmp_path))
+    if how == "argument":
+        run, _ = _mpiexec(nranks, NEVER_JOINS, str(timeout), str(tmp_path))
+    else:
+        run, _ = _mpiexec(nranks, NEVER_JOINS, "env", str(tmp_path), env={"RINGTREE_TIMEOUT": str(timeout)})
     assert run.returncode == 0, run.stdout + run.stderr
     missing = nranks - 1
     for rank in range(missing):
@@ -154,6 +158,26 @@ def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout
         assert f"not in any ringtree collective on this communicator: rank {missing}" in after, after
         assert "made no progress for 2 s; it waits for op" in after, after
         assert following.startswith(f"next call: ringtree on rank {rank}: this communicator is unusable"), following
+
+
+@one_rank_only
+def test_RINGTREE_CHECK_turns_check_mode_on_for_every_call():
+    script = """
+        import numpy as np
+        from mpi4py import MPI
+        import ringtree
+        from ringtree.allreduce import allreduce
+        rank = MPI.COMM_WORLD.Get_rank()
+        try:
+            allreduce(np.ones(10 + rank, np.float32))
+        except ringtree.MismatchError as error:
+            print(f"rank {rank}: {error}", flush=True)
+    """
+    run, _ = _mpiexec(2, script, env={"RINGTREE_CHECK": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in range(2):
+        assert f"ringtree allreduce on rank {rank}: the ranks of ringtree(MPI_COMM_WORLD) disagree at call #0: " \
+               "count: 10 on rank 0; 11 on rank 1" in run.stdout, run.stdout
 
 
 def test_first_call_on_a_communicator_times_out_too():
