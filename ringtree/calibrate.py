@@ -83,9 +83,9 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
     collectives = []  # (algorithm, bytes, segment, seconds)
     for nbytes in size_grid(1 << 10, args.maxbytes, 4):
         data = np.ones(nbytes // 4, np.float32)
-        result = np.empty_like(data)
+        reduced = np.empty_like(data)
         segments = {name: select(nbytes, 2, "float32", "sum", name).segment for name in ALGORITHMS}
-        median = time_in_turns(pair, {name: functools.partial(allreduce, data, result, comm=pair, algorithm=name)
+        median = time_in_turns(pair, {name: functools.partial(allreduce, data, reduced, comm=pair, algorithm=name)
                                       for name in ALGORITHMS}, 1e-3, args.iters, 2.0)
         collectives += [(name, nbytes, segments[name], median[name]) for name in ALGORITHMS]
         if rank == 0:
@@ -122,21 +122,21 @@ def fit_to_collectives(collectives, start: dict, steps: int = 6) -> dict:
     point = np.array([start[name] for name in FITTED]) + np.array([1e-6, 1e-6, 1e-11, 1e-11, 1e-6])
     times = np.array([seconds for *_, seconds in collectives])
     for _ in range(steps):
-        design = np.array([[_derivative(c, point, unit, start["eager_limit"]) for unit in np.eye(len(FITTED))]
-                           for c in collectives])
+        design = np.array([_gradient(c, point, start["eager_limit"]) for c in collectives])
         point = relative_nnls(design, times)
     return {**dict(zip(FITTED, map(float, point))), "eager_limit": start["eager_limit"]}
 
 
-def _derivative(collective, point: np.ndarray, direction: np.ndarray, eager_limit: int) -> float:
-    """d(simulated time)/d(cost) at `point`, along one cost: a one-sided difference."""
+def _gradient(collective, point: np.ndarray, eager_limit: int) -> list[float]:
+    """d(simulated time)/d(cost) at `point`, for each cost: one-sided differences."""
     algorithm, nbytes, segment, _ = collective
-    step = 1e-3 * max(point @ direction, 1e-12)
 
     def at(p):
         return simulate(algorithm, 2, nbytes, segment=segment, window=WINDOW, eager_limit=eager_limit,
                         **dict(zip(FITTED, p))).time
-    return (at(point + step * direction) - at(point)) / step
+    here = at(point)
+    steps = 1e-3 * np.maximum(point, 1e-12)
+    return [(at(point + step * unit) - here) / step for step, unit in zip(steps, np.eye(len(FITTED)))]
 
 
 def fit_protocols(seconds: dict[int, float]) -> tuple[float, float, int, float]:
@@ -148,7 +148,8 @@ def fit_protocols(seconds: dict[int, float]) -> tuple[float, float, int, float]:
     for limit in sizes[:-1]:
         design = np.stack([sizes <= limit, sizes > limit, sizes], axis=1).astype(float)
         alpha, alpha_rendezvous, beta = solution = relative_nnls(design, times)
-        error = float((((design @ solution) - times) / times) @ (((design @ solution) - times) / times))
+        relative = (design @ solution - times) / times
+        error = float(relative @ relative)
         if best is None or error < best[0]:
             best = error, float(alpha), float(alpha_rendezvous), int(limit), float(beta)
     return best[1:]

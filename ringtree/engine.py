@@ -138,7 +138,7 @@ def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: 
                     if status.Get_count(BYTE) != region.nbytes:
                         raise _wrong_size(comm, peer, status.Get_count(BYTE), region.nbytes)
     except MPI.Exception as error:
-        translated = _translated(error, comm, [status])
+        translated = _translated(_error_classes(error, [status]), comm)
         if translated is None:
             raise
         raise translated from None
@@ -160,10 +160,9 @@ def _error_classes(error: MPI.Exception, statuses: list) -> list[int]:
     return [MPI.Get_error_class(status.Get_error()) for status in statuses]
 
 
-def _translated(error: MPI.Exception, comm, statuses: list) -> Exception | None:
-    """ringtree's error for an MPI error it understands: a message larger than its receive, or a
-    failed peer; None for any other."""
-    classes = _error_classes(error, statuses)
+def _translated(classes: list[int], comm) -> Exception | None:
+    """ringtree's error for MPI error classes it understands: a message larger than its receive, or
+    a failed peer; None for any other."""
     if MPI.ERR_TRUNCATE in classes:
         return _did_not_fit(comm)
     if any(c in _PEER_FAILED for c in classes):
@@ -315,7 +314,7 @@ class Progress:
             classes = _error_classes(error, self.statuses[:len(self.requests)])
             failing = next((i for i, c in enumerate(classes) if c == MPI.ERR_TRUNCATE or c in _PEER_FAILED), 0)
             execution = self.owners[failing][0] if failing < len(self.owners) else self.owners[0][0]
-            translated = _translated(error, execution.comm, self.statuses[:len(self.requests)])
+            translated = _translated(classes, execution.comm)
             if translated is None:
                 raise
             raise self.abandon(execution, translated) from None
@@ -360,27 +359,10 @@ class Progress:
         return error
 
     def wait(self, execution: Execution) -> None:
-        if execution.timeout is not None:
-            return self._wait_at_most(execution, execution.timeout)
-        idle = 0
-        while not execution.done:
-            if not self.requests:
-                raise RuntimeError("ringtree engine: a collective has ops left but no message in flight")
-            if self.poll():
-                idle = 0
-                continue
-            # Nothing arrived: after a few empty polls, let a process that shares this core run
-            # (the peer we wait for, when ranks outnumber cores); with a core to itself, this returns at once.
-            idle += 1
-            if idle >= SPINS_BEFORE_SLEEP:
-                time.sleep(SLEEP_SECONDS)
-            elif idle >= SPINS_BEFORE_YIELD:
-                os.sched_yield()
-
-
-    def _wait_at_most(self, execution: Execution, timeout: float) -> None:
-        """wait(), but raise TimeoutError once no message completes for `timeout` seconds; meanwhile
-        answer other ranks' questions about who is still here."""
+        """Progress every collective in flight until `execution` is done. With its timeout, raise
+        TimeoutError once no message completes for that long, and meanwhile answer other ranks'
+        questions about who is still here."""
+        timeout = execution.timeout
         idle = 0
         last_progress = next_answer = time.perf_counter()
         while not execution.done:
@@ -388,15 +370,19 @@ class Progress:
                 raise RuntimeError("ringtree engine: a collective has ops left but no message in flight")
             if self.poll():
                 idle = 0
-                last_progress = time.perf_counter()
+                if timeout is not None:
+                    last_progress = time.perf_counter()
                 continue
-            now = time.perf_counter()
-            if now >= next_answer:
-                reliability.answer_questions(execution.state, execution.seq)
-                next_answer = now + reliability.ANSWER_EVERY_SECONDS
-            if now - last_progress > timeout:
-                waiting = sorted(op for owner, op in self.owners if owner is execution)
-                raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
+            if timeout is not None:
+                now = time.perf_counter()
+                if now >= next_answer:
+                    reliability.answer_questions(execution.state, execution.seq)
+                    next_answer = now + reliability.ANSWER_EVERY_SECONDS
+                if now - last_progress > timeout:
+                    waiting = sorted(op for owner, op in self.owners if owner is execution)
+                    raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
+            # Nothing arrived: after a few empty polls, let a process that shares this core run
+            # (the peer we wait for, when ranks outnumber cores); with a core to itself, this returns at once.
             idle += 1
             if idle >= SPINS_BEFORE_SLEEP:
                 time.sleep(SLEEP_SECONDS)

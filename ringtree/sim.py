@@ -29,10 +29,11 @@ from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 import multiprocessing
+from typing import NamedTuple
 
 from .algorithms import ALGORITHMS
 from .pipeline import segmented
-from .schedule import OpKind, dataflow
+from .schedule import OpKind, Ref, dataflow
 
 SEND, RECV, REDUCE, COPY = 0, 1, 2, 3  # REDUCE and COPY run on the processor
 _KIND = {OpKind.SEND: SEND, OpKind.RECV: RECV, OpKind.REDUCE: REDUCE, OpKind.COPY: COPY}
@@ -58,18 +59,16 @@ class SimResult:
     events: tuple[Event, ...] | None = None  # with trace=True: every op, in order of start
 
 
-class Event(tuple):
-    """One op as simulated: (rank, index, kind, peer, start, finish, region): region is the Ref sent,
-    received into or written."""
+class Event(NamedTuple):
+    """One op as simulated."""
 
-    __slots__ = ()
-    rank = property(lambda self: self[0])
-    index = property(lambda self: self[1])
-    kind = property(lambda self: self[2])
-    peer = property(lambda self: self[3])
-    start = property(lambda self: self[4])
-    finish = property(lambda self: self[5])
-    region = property(lambda self: self[6])
+    rank: int
+    index: int
+    kind: str  # send, recv, reduce, copy
+    peer: int | None
+    start: float
+    finish: float
+    region: Ref  # sent, received into or written
 
 
 def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: float, gamma: float,
@@ -115,17 +114,13 @@ def _program(job: tuple) -> tuple:
         schedule = segmented(schedule, segment, window)
     flow = dataflow(schedule)
     ops = schedule.ops
-    sends: dict[int, list[int]] = {}  # peer -> indices of the sends to it, in order
+    channels: dict[tuple[int, int], list[int]] = {}  # (SEND or RECV, peer) -> its messages' indices, in order
     for i, op in enumerate(ops):
-        if op.kind is OpKind.SEND:
-            sends.setdefault(op.peer, []).append(i)
-    receives: dict[int, list[int]] = {}
-    for i, op in enumerate(ops):
-        if op.kind is OpKind.RECV:
-            receives.setdefault(op.peer, []).append(i)
+        if op.peer is not None:
+            channels.setdefault((_KIND[op.kind], op.peer), []).append(i)
     return (bytes(_KIND[op.kind] for op in ops), [op.peer for op in ops],
             [op.regions[0].count * itemsize for op in ops], flow.dependents, flow.channel_next,
-            flow.initial_pending, sends, receives,
+            flow.initial_pending, channels,
             [op.src if op.kind is OpKind.SEND else op.dst for op in ops] if with_regions else None)
 
 
@@ -138,8 +133,10 @@ def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, 
     pending = [list(p[5]) for p in programs]  # counted down here; the programs stay reusable
     partner = [[-1] * len(k) for k in kinds]  # a message's other end: the k-th send s->r meets the k-th receive at r from s
     for s, program in enumerate(programs):
-        for r, send_indices in program[6].items():
-            receive_indices = programs[r][7].get(s, [])
+        for (kind, r), send_indices in program[6].items():
+            if kind != SEND:
+                continue
+            receive_indices = programs[r][6].get((RECV, s), [])
             if len(receive_indices) != len(send_indices):
                 raise RuntimeError(f"{algorithm}: rank {s} sends {len(send_indices)} messages to rank {r}, "
                                    f"which receives {len(receive_indices)} from it")
@@ -240,20 +237,22 @@ def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, 
     if stuck:
         raise RuntimeError(f"{algorithm} on {nranks} ranks cannot finish: (rank, ops left) {stuck[:8]}")
 
-    def totals(kind: int, messages: bool = False) -> tuple[int, ...]:
-        return tuple(sum(1 if messages else size for k, size in zip(kinds[r], sizes[r]) if k == kind)
-                     for r in range(nranks))
+    volume = [[0, 0, 0, 0] for _ in range(nranks)]  # per rank, bytes per kind of op: one pass over them all
+    for r in range(nranks):
+        for kind, size in zip(kinds[r], sizes[r]):
+            volume[r][kind] += size
 
     rank_finish = tuple(max(f, default=overhead) for f in finish)
     trace_events = None
     if trace:
         trace_events = tuple(sorted(
-            (Event((r, i, KIND_NAMES[kinds[r][i]], peers[r][i], start[r][i], finish[r][i], programs[r][8][i]))
+            (Event(r, i, KIND_NAMES[kinds[r][i]], peers[r][i], start[r][i], finish[r][i], programs[r][7][i])
              for r in range(nranks) for i in range(len(kinds[r]))),
             key=lambda e: (e.start, e.rank, e.index)))
     return SimResult(algorithm, nranks, nbytes, itemsize, segment, max(rank_finish), rank_finish,
-                     totals(SEND), totals(RECV), totals(SEND, True), totals(RECV, True), totals(REDUCE),
-                     trace_events)
+                     tuple(v[SEND] for v in volume), tuple(v[RECV] for v in volume),
+                     tuple(k.count(SEND) for k in kinds), tuple(k.count(RECV) for k in kinds),
+                     tuple(v[REDUCE] for v in volume), trace_events)
 
 
 def add_arguments(parser) -> None:

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+import ringtree.algorithms
 from ringtree.bench import format_size
 from ringtree.calibrate import load
 from ringtree.sim import rank_programs, run_programs, simulate
@@ -179,6 +180,8 @@ def report(traffic, times, costs, ranks, args) -> str:
 
 
 def claims(traffic, times, ranks) -> list[str]:
+    algorithms = pathlib.Path(ringtree.algorithms.__file__).parent
+    lines = {name: len((algorithms / f"{name}.py").read_text().splitlines()) for name in ("ring", "tree")}
     k, big = 1 << 30, max(ranks)
     ring, tree = traffic["ring", big], traffic["tree", big]
     balance = max(tree["sent"]) / (sum(tree["sent"]) / big)
@@ -203,13 +206,14 @@ def claims(traffic, times, ranks) -> list[str]:
         "says (根节点和靠近根节点的节点), the root and the ranks next to it: the root's children near the top of a "
         "binomial tree carry almost as much as the root. |",
         "| implementation complexity (实现复杂度) | medium | simple | **holds with conditions** | as generators "
-        "they are alike: ringtree's ring.py has 41 lines, tree.py 48. Ring is harder where it runs: N-1 steps each "
+        f"they are alike: ringtree's ring.py has {lines['ring']} lines, tree.py {lines['tree']}. Ring is harder where "
+        "it runs: N-1 steps each "
         "way, chunking, uneven chunks, pipelining with bounded scratch. |",
-        f"| small messages (小数据量性能) | average (high start-up latency) | excellent (low latency) | "
-        f"**holds** for N ≥ 4 | at 8 B (cluster costs), tree ÷ ring time: "
+        "| small messages (小数据量性能) | average (high start-up latency) | excellent (low latency) | "
+        "**holds** for N ≥ 4 | at 8 B (cluster costs), tree ÷ ring time: "
         + ", ".join(f"{small[n]:.2f} at N = {n}" for n in ranks if n in (2, 4, 8, 64, big))
         + ". Ring needs 2(N-1) message latencies, tree 2·log2 N. At N = 2 they are the same two messages. |",
-        f"| large messages (大数据量性能) | excellent | average | **holds** | at 1 GiB (cluster costs), tree ÷ ring time: "
+        "| large messages (大数据量性能) | excellent | average | **holds** | at 1 GiB (cluster costs), tree ÷ ring time: "
         + ", ".join(f"{large[n]:.2f} at N = {n}" for n in ranks if n in (2, 4, 8, 64, big))
         + ": the root's links carry 2·log2 N·K against ring's 2(N-1)/N·K. At N = 2 both send K each way and ring "
         "only halves the reduction. |",
@@ -226,7 +230,7 @@ def claims(traffic, times, ranks) -> list[str]:
         "",
         "And the article's advice below the table:",
         "",
-        f"- *128+ GPUs: ring is still the first choice.* **Holds with conditions**: only above the crossover, which "
+        "- *128+ GPUs: ring is still the first choice.* **Holds with conditions**: only above the crossover, which "
         "grows with N because ring's latency term 2(N-1)·α grows linearly: with cluster costs ring wins from "
         + ", ".join(f"{format_size(cross[n]) if cross[n] else 'never'} at N = {n}" for n in at_scale)
         + ". Below that, tree (or a double binary tree, ringtree's `double_tree`, which also removes the root "

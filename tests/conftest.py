@@ -1,6 +1,13 @@
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from mpi4py import MPI
+
+MPIEXEC = pathlib.Path(sys.executable).parent / "mpiexec"
 
 
 def pytest_configure(config):
@@ -37,3 +44,12 @@ def value_bits(array):
 def same_on_all_ranks(comm, array):
     """True where every rank holds bitwise the same values."""
     return len(set(comm.allgather(value_bits(array)))) == 1
+
+
+def run_mpiexec(nranks, *args, options=(), env=None, timeout=240):
+    """`mpiexec [options] -n nranks python *args` as a user runs it, in a separate process.
+
+    A clean environment: no process-manager variables from an mpiexec this test may run under."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALNRANKS"))}
+    return subprocess.run([str(MPIEXEC), *options, "-n", str(nranks), sys.executable, *args],
+                          env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)

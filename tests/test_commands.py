@@ -2,23 +2,14 @@
 
 import json
 import os
-import pathlib
-import subprocess
-import sys
 import xml.dom.minidom
 
 import pytest
 from mpi4py import MPI
 
+from conftest import run_mpiexec
+
 pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
-MPIEXEC = pathlib.Path(sys.executable).parent / "mpiexec"
-
-
-def _mpiexec(nranks, *args, env=None, timeout=240):
-    # A clean environment: no process-manager variables from an mpiexec this test may run under.
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALNRANKS"))}
-    return subprocess.run([str(MPIEXEC), "-n", str(nranks), sys.executable, *args], env={**clean, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +20,7 @@ def bench_results(tmp_path_factory):
         path = folder / f"bench-{inplace}.json"
         args = ["-m", "ringtree", "bench", "-b", "8", "-e", "256K", "-f", "16", "--iters", "3", "--warmup", "1",
                 "--algorithms", "ring,tree,recursive_doubling,auto,native", "--json", str(path)]
-        run = _mpiexec(2, *args, *(["--inplace"] if inplace else []))
+        run = run_mpiexec(2, *args, *(["--inplace"] if inplace else []))
         assert run.returncode == 0, run.stdout + run.stderr
         results[inplace] = (run.stdout, json.loads(path.read_text()))
     return results
@@ -60,7 +51,7 @@ def test_plot_writes_an_svg(bench_results, tmp_path):
 
 def test_timeline_shows_receives_overlapping_reductions(tmp_path):
     template = str(tmp_path / "trace.json")
-    run = _mpiexec(2, "-m", "ringtree", "bench", "-b", "2M", "-e", "2M", "--iters", "3", "--warmup", "0",
+    run = run_mpiexec(2, "-m", "ringtree", "bench", "-b", "2M", "-e", "2M", "--iters", "3", "--warmup", "0",
                    "--algorithms", "ring", "--segment", "128K", env={"RINGTREE_TIMELINE": template})
     assert run.returncode == 0, run.stdout + run.stderr
     merged = tmp_path / "merged.json"
@@ -92,7 +83,7 @@ def test_without_the_variable_nothing_is_recorded():
 
 def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
     table = tmp_path / "tuning.json"
-    run = _mpiexec(2, "-m", "ringtree", "tune", "-b", "8", "-e", "2M", "-f", "64", "--iters", "3",
+    run = run_mpiexec(2, "-m", "ringtree", "tune", "-b", "8", "-e", "2M", "-f", "64", "--iters", "3",
                    "--segments", "1M", "-o", str(table), "--note", "test")
     assert run.returncode == 0, run.stdout + run.stderr
     data = json.loads(table.read_text())
@@ -102,14 +93,14 @@ def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
     assert rules[0]["bytes"][0] == 0 and rules[-1]["bytes"][1] is None  # every size is covered
     assert "which algorithm wins" in run.stdout
     # A second rank count merges in; the first one's rules stay.
-    assert _mpiexec(3, "-m", "ringtree", "tune", "-b", "8", "-e", "8", "-o", str(table)).returncode == 0
+    assert run_mpiexec(3, "-m", "ringtree", "tune", "-b", "8", "-e", "8", "-o", str(table)).returncode == 0
     merged = json.loads(table.read_text())
     assert {tuple(rule["ranks"]) for rule in merged["rules"]} == {(2, 2), (3, 3)}
     assert [rule for rule in merged["rules"] if rule["ranks"] == [2, 2]] == rules
 
     script = ("import numpy as np; from ringtree.allreduce import allreduce; "
               "[allreduce(np.ones(n, np.float32)) for n in (2, 1 << 19)]")
-    used = _mpiexec(2, "-c", script, env={"RINGTREE_TUNING_FILE": str(table), "RINGTREE_DEBUG": "1"})
+    used = run_mpiexec(2, "-c", script, env={"RINGTREE_TUNING_FILE": str(table), "RINGTREE_DEBUG": "1"})
     assert used.returncode == 0, used.stderr
     logged = [line for line in used.stderr.splitlines() if line.startswith("ringtree: allreduce")]
     assert len(logged) == 2, used.stderr  # each distinct choice once, from rank 0 only
@@ -139,7 +130,7 @@ def test_ranks_with_different_tables_get_a_clear_error_on_every_rank(tmp_path):
         "if rank == 0:\n"
         "    print(json.dumps(everyone))\n"
     )
-    run = _mpiexec(3, "-c", script, str(tmp_path), timeout=60)
+    run = run_mpiexec(3, "-c", script, str(tmp_path), timeout=60)
     assert run.returncode == 0, run.stderr
     caught = json.loads(run.stdout)
     for rank, message in enumerate(caught):
@@ -152,7 +143,7 @@ def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
     script = ("import numpy as np; from mpi4py import MPI; from ringtree.allreduce import allreduce\n"
               "result = allreduce(np.arange(5))\n"
               "if MPI.COMM_WORLD.Get_rank() == 0: print(result[4])")
-    run = _mpiexec(2, "-c", script, env={"RINGTREE_ALGORITHM": "double_tree", "RINGTREE_DEBUG": "1"})
+    run = run_mpiexec(2, "-c", script, env={"RINGTREE_ALGORITHM": "double_tree", "RINGTREE_DEBUG": "1"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["8"] and "double_tree" in run.stderr and "from RINGTREE_ALGORITHM" in run.stderr
 
@@ -161,7 +152,7 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     from ringtree.calibrate import load
     from ringtree.sim import simulate
     path = tmp_path / "calibration.json"
-    run = _mpiexec(2, "-m", "ringtree", "calibrate", "-e", "64K", "--iters", "3", "-o", str(path))
+    run = run_mpiexec(2, "-m", "ringtree", "calibrate", "-e", "64K", "--iters", "3", "-o", str(path))
     assert run.returncode == 0, run.stdout + run.stderr
     costs = load(str(path))
     assert min(costs.values()) >= 0 and costs["eager_limit"] in [8 << k for k in range(14)]

@@ -1,9 +1,6 @@
 """Errors instead of hangs: check mode, timeouts, a rank that never comes, a rank that dies."""
 
-import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -13,9 +10,8 @@ from mpi4py import MPI
 
 import ringtree
 from ringtree.allreduce import allreduce, iallreduce
-from conftest import assert_everywhere
+from conftest import assert_everywhere, run_mpiexec
 
-MPIEXEC = pathlib.Path(sys.executable).parent / "mpiexec"
 one_rank_only = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 
 
@@ -106,11 +102,10 @@ def test_bad_check_and_timeout_arguments_are_refused():
             allreduce(data, timeout=bad)
 
 
-def _mpiexec(nranks, script, *args, env=None, timeout=120):
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALNRANKS"))}
+def _run_script(nranks, script, *args, env=None, timeout=120):
+    """Run `script` on `nranks` ranks under mpiexec; return the completed process and the seconds it took."""
     started = time.perf_counter()
-    run = subprocess.run([str(MPIEXEC), "-n", str(nranks), sys.executable, "-c", textwrap.dedent(script), *args],
-                         env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(script), *args, env=env, timeout=timeout)
     return run, time.perf_counter() - started
 
 
@@ -146,9 +141,9 @@ NEVER_JOINS = """
 def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout_and_a_second(nranks, how, tmp_path):
     timeout = 2.0
     if how == "argument":
-        run, _ = _mpiexec(nranks, NEVER_JOINS, str(timeout), str(tmp_path))
+        run, _ = _run_script(nranks, NEVER_JOINS, str(timeout), str(tmp_path))
     else:
-        run, _ = _mpiexec(nranks, NEVER_JOINS, "env", str(tmp_path), env={"RINGTREE_TIMEOUT": str(timeout)})
+        run, _ = _run_script(nranks, NEVER_JOINS, "env", str(tmp_path), env={"RINGTREE_TIMEOUT": str(timeout)})
     assert run.returncode == 0, run.stdout + run.stderr
     missing = nranks - 1
     for rank in range(missing):
@@ -173,7 +168,7 @@ def test_RINGTREE_CHECK_turns_check_mode_on_for_every_call():
         except ringtree.MismatchError as error:
             print(f"rank {rank}: {error}", flush=True)
     """
-    run, _ = _mpiexec(2, script, env={"RINGTREE_CHECK": "1"})
+    run, _ = _run_script(2, script, env={"RINGTREE_CHECK": "1"})
     assert run.returncode == 0, run.stdout + run.stderr
     for rank in range(2):
         assert f"ringtree allreduce on rank {rank}: the ranks of ringtree(MPI_COMM_WORLD) disagree at call #0: " \
@@ -198,7 +193,7 @@ def test_first_call_on_a_communicator_times_out_too():
     """
     if MPI.COMM_WORLD.Get_size() > 1:
         pytest.skip("starts its own mpiexec; run on one rank")
-    run, _ = _mpiexec(2, script)
+    run, _ = _run_script(2, script)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "not every rank of MPI_COMM_WORLD came to its first ringtree collective within 1 s" in run.stdout
 
@@ -219,7 +214,7 @@ DIES = """
 
 @one_rank_only
 def test_a_rank_that_dies_mid_allreduce_ends_the_job_with_an_error():
-    run, seconds = _mpiexec(3, DIES, timeout=90)
+    run, seconds = _run_script(3, DIES, timeout=90)
     assert run.returncode != 0
     assert seconds < 60, f"took {seconds:.1f} s"
 
@@ -229,12 +224,10 @@ def test_a_rank_that_dies_mid_allreduce_ends_the_job_with_an_error():
                     reason="ULFM fault tolerance is Open MPI's (mpiexec --with-ft ulfm); this MPI is another")
 def test_survivors_get_peer_failure_and_go_on_with_a_shrunk_communicator(tmp_path):
     example = pathlib.Path(__file__).parents[1] / "examples" / "shrink.py"
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
     started = time.perf_counter()
-    run = subprocess.run([str(MPIEXEC), "--with-ft", "ulfm", "--mca", "btl", "self,tcp",
-                          "--output-filename", str(tmp_path / "out"),  # a file per rank: no interleaved lines
-                          "-n", "4", sys.executable, str(example), "--fail-rank", "1", "--fail-step", "2", "--steps", "5"],
-                         env=clean, capture_output=True, text=True, timeout=120)
+    run = run_mpiexec(4, str(example), "--fail-rank", "1", "--fail-step", "2", "--steps", "5", timeout=120,
+                      options=["--with-ft", "ulfm", "--mca", "btl", "self,tcp",
+                               "--output-filename", str(tmp_path / "out")])  # a file per rank: no interleaved lines
     assert time.perf_counter() - started < 60
     for rank in (0, 2, 3):
         output = "".join(path.read_text() for path in tmp_path.glob(f"out*.{rank}.out"))
