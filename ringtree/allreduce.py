@@ -9,15 +9,16 @@ from __future__ import annotations
 import numbers
 from typing import NamedTuple
 
+import numpy as np
 from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
-from .backend import backend_for
+from .backend import NumpyBackend, backend_for
 from . import reliability, timeline
-from .comm import comm_state
+from .comm import LAST, comm_state
 from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
 from .errors import MismatchError, PeerFailure
-from .ops import ReduceOp, check_dtype, parse_op
+from .ops import ReduceOp, check_dtype, known_op, parse_op
 from .selector import WINDOW, log_choice, select
 
 __all__ = ["allreduce", "iallreduce", "Request"]
@@ -64,20 +65,62 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     RINGTREE_TIMEOUT) raises TimeoutError when the collective makes no progress
     for that long. Both must be the same on every rank.
     """
-    call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
-                                                                      segment, check, timeout)
-    program = call.in_place_program if inplace else call.program
-    if program is None or PROGRESS.requests or timeline.ACTIVE or timeout is not None:
-        return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
-    # Small, and nothing else in flight to progress meanwhile: run it straight through.
-    scratch = call.take_scratch()
+    repeat = _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    if repeat is not None:
+        call, state, program, source, target = repeat
+    else:
+        call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
+                                                                          segment, check, timeout)
+        program = call.in_place_program if inplace else call.program
+        if program is None or PROGRESS.requests or timeline.ACTIVE or timeout is not None:
+            return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
+        if (recvbuf is not None and check is None and segment is None and not reliability.CHECK
+                and known_op(op) is not None and call.program is not None and call.in_place_program is not None):
+            state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
+    # Small, and nothing else in flight to progress meanwhile: run it straight through, on scratch
+    # that no other call is using now.
+    scratch = call.free_scratch[-1] if call.free_scratch else call.new_scratch()
     try:
         run_blocking(program, [source, target, *scratch], call.reduce, call.backend.copy, state.comm, state.next_tag())
     except (MismatchError, PeerFailure) as error:
         state.broken = error  # messages of the other ranks' call may be left unmatched
         raise
-    call.finish(target, scratch, state.size)
+    if call.average:
+        call.backend.divide(target, state.size)
+    if not call.free_scratch:
+        call.free_scratch.append(scratch)
     return recvbuf
+
+
+def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
+    """The lean path's shortcut for a call like an earlier one on the same communicator: same op,
+    algorithm, dtype and size, numpy arrays, default segment, check and timeout. Only what may
+    differ between such calls is checked: the arrays' layout, writability and overlap. Returns
+    (call plan, state, program, source, target), or None for `_prepare` to check the call in full."""
+    if (type(recvbuf) is not np.ndarray or segment is not None or check is not None or timeout is not None
+            or type(algorithm) is not str or PROGRESS.requests
+            or (MPI.COMM_WORLD if comm is None else comm) is not LAST[0]):
+        return None
+    state = LAST[1]
+    call = state.repeats.get((op if type(op) is str else id(op), algorithm, recvbuf.dtype, recvbuf.size))
+    flags = recvbuf.flags
+    if call is None or not flags.carray or state.broken is not None:  # carray: C-contiguous, writeable
+        return None
+    target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
+        return call, state, call.in_place_program, target, target
+    if type(sendbuf) is not np.ndarray or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
+        return None
+    flags = sendbuf.flags
+    if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
+        return None  # views may overlap, which _prepare checks
+    return call, state, call.program, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target
+
+
+def _op_key(op):
+    """An op in the lean path's cache: a name by value, one of MPI's predefined ops or ReduceOp's
+    members by identity (they live as long as the process)."""
+    return op if type(op) is str else id(op)
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
@@ -102,8 +145,9 @@ class _CallPlan(NamedTuple):
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
-        if self.free_scratch:
-            return self.free_scratch.pop()
+        return self.free_scratch.pop() if self.free_scratch else self.new_scratch()
+
+    def new_scratch(self) -> list:
         return [self.backend.empty(size, self.dtype) for _, size in self.plan.schedule.scratch]
 
     def finish(self, target, scratch: list, nranks: int) -> None:
@@ -119,8 +163,11 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     if comm is None:
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, kind, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
-    timeout = _checked_timeout(timeout, comm)
-    if check is not None and not isinstance(check, bool):
+    if timeout is None:
+        timeout = reliability.TIMEOUT
+    else:
+        timeout = _checked_timeout(timeout, comm)
+    if check is not None and check is not True and check is not False:
         raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
                         f"got {check!r}")
     state = comm_state(comm, timeout)
@@ -131,23 +178,29 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
     dtype = target.dtype
-    key = (backend, algorithm, target.size, dtype, kind, segment)
-    call = state.plans.get(key)
+    call = state.plans.get((backend, algorithm, target.size, dtype, kind, segment))
     if call is None:
-        choice = select(target.nbytes, state.size, dtype.name, kind.value, algorithm, segment)
-        log_choice(choice, target.nbytes, state.size, dtype, kind.value)
-        plan = compiled(choice.algorithm, state.size, state.rank, target.size,
-                        max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW)
-        lean = choice.blocking and plan.program is not None
-        call = state.plans[key] = _CallPlan(plan, plan.program if lean else None,
-                                            plan.in_place_program if lean else None, backend,
-                                            backend.reducer(kind), kind is ReduceOp.AVG, dtype, [],
-                                            reliability.call_record(target.size, dtype, kind.value, choice.algorithm))
+        call = _plan(state, backend, algorithm, target, kind, segment)
     if reliability.CHECK if check is None else check:
         reliability.agree(state, call.record, (target.size, dtype, kind.value, call.plan.schedule.algorithm), timeout,
                           lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
                                                                  algorithm="recursive_doubling", timeout=seconds))
     return call, state, source, target, recvbuf, inplace, timeout
+
+
+def _plan(state, backend, algorithm, target, kind, segment) -> _CallPlan:
+    """Choose the algorithm for a new call shape and build its plan, kept for the calls after."""
+    dtype = target.dtype
+    choice = select(target.nbytes, state.size, dtype.name, kind.value, algorithm, segment)
+    log_choice(choice, target.nbytes, state.size, dtype, kind.value)
+    plan = compiled(choice.algorithm, state.size, state.rank, target.size,
+                    max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW)
+    lean = choice.blocking and plan.program is not None
+    call = state.plans[backend, algorithm, target.size, dtype, kind, segment] = _CallPlan(
+        plan, plan.program if lean else None, plan.in_place_program if lean else None, backend,
+        backend.reducer(kind), kind is ReduceOp.AVG, dtype, [],
+        reliability.call_record(target.size, dtype, kind.value, choice.algorithm))
+    return call
 
 
 def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
@@ -158,7 +211,10 @@ def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
 
 
 def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
-    """Validate the arguments; return (sendbuf, recvbuf or None, ReduceOp, backend, in place?)."""
+    """Validate the arguments; return (sendbuf, recvbuf or None, ReduceOp, backend, in place?).
+
+    Every call runs this, so the common case (numpy arrays, a predefined op)
+    takes the fewest steps."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"ringtree allreduce: comm must be an intracommunicator, got {comm!r}")
     try:
@@ -171,24 +227,30 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
             if recvbuf is None:
                 raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
             sendbuf = recvbuf
-        backend = _array_backend(sendbuf, "sendbuf")
+        backend = NumpyBackend if type(sendbuf) is np.ndarray else _array_backend(sendbuf, "sendbuf")
+        if not sendbuf.flags.c_contiguous:
+            raise _not_contiguous("sendbuf", sendbuf)
         check_dtype(sendbuf.dtype, kind)
         if recvbuf is None:
             return sendbuf, None, kind, backend, False
-        if recvbuf is not sendbuf and _array_backend(recvbuf, "recvbuf") is not backend:
-            raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
+        if recvbuf is sendbuf:
+            inplace = True
+        else:
+            if type(recvbuf) is not type(sendbuf) and _array_backend(recvbuf, "recvbuf") is not backend:
+                raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
+            if not recvbuf.flags.c_contiguous:
+                raise _not_contiguous("recvbuf", recvbuf)
+            if recvbuf.dtype != sendbuf.dtype:
+                raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
+            if recvbuf.shape != sendbuf.shape:
+                raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
+            aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
+            if aliasing == "overlap":
+                raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
+            inplace = aliasing == "same"
         if not recvbuf.flags.writeable:
             raise ValueError("recvbuf is read-only")
-        if recvbuf is sendbuf:
-            return sendbuf, recvbuf, kind, backend, True
-        if recvbuf.dtype != sendbuf.dtype:
-            raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
-        if recvbuf.shape != sendbuf.shape:
-            raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
-        aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
-        if aliasing == "overlap":
-            raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
-        return sendbuf, recvbuf, kind, backend, aliasing == "same"
+        return sendbuf, recvbuf, kind, backend, inplace
     except (TypeError, ValueError) as error:
         raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
 
@@ -208,7 +270,9 @@ def _array_backend(buf, name):
         kind = type(buf)
         raise TypeError(f"{name} must be a numpy array, got {kind.__module__}.{kind.__qualname__}"
                         if kind.__module__ != "builtins" else f"{name} must be a numpy array, got {kind.__name__}")
-    if not buf.flags.c_contiguous:
-        raise ValueError(f"{name} is not C-contiguous (strides {buf.strides} for shape {buf.shape}); "
-                         "pass a contiguous copy, e.g. numpy.ascontiguousarray")
     return backend
+
+
+def _not_contiguous(name, buf) -> ValueError:
+    return ValueError(f"{name} is not C-contiguous (strides {buf.strides} for shape {buf.shape}); "
+                      "pass a contiguous copy, e.g. numpy.ascontiguousarray")

@@ -35,7 +35,8 @@ class NumpyBackend:
 
     @staticmethod
     def reducer(op: ReduceOp):
-        """A function (left, right, out=) writing left (+) right into out, with no temporary: the ufunc."""
+        """A function (left, right, out) writing left (+) right into out, with no temporary: the ufunc
+        (out passed by position: a keyword costs a ufunc call about 0.4 us)."""
         return _UFUNCS[op]
 
     @staticmethod

@@ -18,7 +18,8 @@ from .errors import MismatchError, TimeoutError
 
 _keyval: int | None = None
 # The last communicator used and its state: a loop on one communicator skips the attribute lookup.
-_last: tuple[MPI.Comm | None, "CommState | None"] = (None, None)
+# One list, changed in place, so that the lean path may hold it.
+LAST: list = [None, None]
 
 
 class CommState:
@@ -57,6 +58,7 @@ class CommState:
         self.tags = min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB), 1 << 30) + 1  # the standard puts TAG_UB on COMM_WORLD only
         self.calls = 0
         self.plans: dict = {}  # per call shape: what allreduce.iallreduce built on the first call
+        self.repeats: dict = {}  # the same plans, by the arguments of lean calls that passed the checks
         self.answers: list = []  # replies in flight to other ranks' questions
         self.broken: Exception | None = None  # set by a timeout: this communicator is not to be used again
 
@@ -72,9 +74,8 @@ class CommState:
 
 
 def _free(comm, keyval, state) -> int:
-    global _last
-    if _last[1] is state:
-        _last = (None, None)
+    if LAST[1] is state:
+        LAST[:] = None, None
     if not MPI.Is_finalized():
         state.free()
     return MPI.SUCCESS
@@ -94,14 +95,14 @@ def _wait(*requests, timeout, rank, name) -> None:
 
 
 def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:
-    global _keyval, _last
-    if comm is _last[0]:
-        return _last[1]
+    global _keyval
+    if comm is LAST[0]:
+        return LAST[1]
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
     state = comm.Get_attr(_keyval)
     if state is None:
         state = CommState(comm, timeout)
         comm.Set_attr(_keyval, state)
-    _last = (comm, state)
+    LAST[:] = comm, state
     return state

@@ -124,7 +124,7 @@ def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: 
             elif kind == "reduce":
                 (d, ds), (l, ls), (r, rs) = step[1:]
                 reduce(buffers[l] if ls is None else buffers[l][ls], buffers[r] if rs is None else buffers[r][rs],
-                       out=buffers[d] if ds is None else buffers[d][ds])
+                       buffers[d] if ds is None else buffers[d][ds])
             elif kind == "copy":
                 (d, ds), (s, ss) = step[1:]
                 copy(buffers[d] if ds is None else buffers[d][ds], buffers[s] if ss is None else buffers[s][ss])
@@ -261,7 +261,7 @@ class Execution:
                 pass  # in place: the input already is the output
             elif action[0] == "reduce":
                 (d, ds), (l, ls), (r, rs) = action[1:]
-                self.reduce(buffers[l][ls], buffers[r][rs], out=buffers[d][ds])
+                self.reduce(buffers[l][ls], buffers[r][rs], buffers[d][ds])
             else:
                 (d, ds), (s, ss) = action[1:]
                 self.copy(buffers[d][ds], buffers[s][ss])

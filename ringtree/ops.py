@@ -71,6 +71,15 @@ def parse_op(op) -> ReduceOp:
     raise TypeError(f"op must be an MPI.Op or a string, got {type(op).__name__}")
 
 
+def known_op(op) -> ReduceOp | None:
+    """parse_op's answer for MPI's predefined ops, ReduceOp members and names (objects that stay the
+    same for the whole run, so callers may cache by them); None for anything else."""
+    known = _BY_ID.get(id(op))
+    if known is None and type(op) is str:
+        return _STRING_OPS.get(op.lower())
+    return known
+
+
 def check_dtype(dtype: np.dtype, op: ReduceOp) -> None:
     """Raise TypeError unless `op` is defined on `dtype`."""
     if (dtype, op) in _ALLOWED:

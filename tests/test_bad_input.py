@@ -99,6 +99,33 @@ def test_bad_input_raises_before_any_message(comm, function, name, make_send, ma
     assert_everywhere(comm, failures)
 
 
+# Cases with a recvbuf and no other argument: bad arrays that a call of a shape already seen may bring.
+ARRAY_CASES = [c for c in CASES if not c[3] and (c[2] is not None or c[1] == "overlap")]
+
+
+@pytest.mark.parametrize("name, make_send, make_recv, kwargs, error, words", ARRAY_CASES,
+                         ids=[c[0] for c in ARRAY_CASES])
+def test_bad_arrays_after_good_calls_of_their_shape(comm, name, make_send, make_recv, kwargs, error, words):
+    """The lean path skips the checks a repeated call shape has passed; those on the arrays still run."""
+    sendbuf, recvbuf = _arguments(make_send, make_recv)
+    good = np.ones(recvbuf.shape, recvbuf.dtype)
+    for _ in range(2):
+        allreduce(good, np.empty_like(good), comm=comm)
+        allreduce(MPI.IN_PLACE, good.copy(), comm=comm)
+    state = comm_state(comm)
+    calls_before = state.calls
+    before = _snapshot(sendbuf, recvbuf)
+    failures = []
+    with pytest.raises(error) as caught:
+        allreduce(sendbuf, recvbuf, comm=comm)
+    if words not in str(caught.value):
+        failures.append(f"message {str(caught.value)!r} lacks {words!r}")
+    if not _unchanged(before, [sendbuf, recvbuf]) or state.calls != calls_before:
+        failures.append("a buffer was modified or a collective started")
+    failures += _no_stray_messages_and_still_correct(comm, state)
+    assert_everywhere(comm, failures)
+
+
 def _no_stray_messages_and_still_correct(comm, state):
     comm.Barrier()
     failures = ["a message is waiting on ringtree's communicator"] if state.comm.Iprobe(MPI.ANY_SOURCE) else []
