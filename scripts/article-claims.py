@@ -4,15 +4,17 @@
 
 Traffic is counted exactly from the schedules ringtree runs; times come from the
 α-β-γ simulator with two sets of costs: this machine's (from `python -m
-ringtree calibrate`) and a typical cluster's (stated below). Takes about ten
-minutes on a 2-core VM: a 1024-rank ring is five million simulated ops.
+ringtree calibrate`) and a typical cluster's (stated below). Takes about a
+minute on a 2-core VM.
 
-Sizes whose element count is a multiple of N scale exactly: every region of the
-schedule is that multiple of the one-element-per-rank schedule's, so the
+The ring's schedules are the same on every rank up to turning the ring
+(algorithms.SYMMETRIC) whenever N divides the element count, as at every size
+here from N elements up, and `simulate` then runs one rank for all. The tree's
+sizes whose element count is a multiple of N scale exactly: every region of
+its schedule is that multiple of the one-element-per-rank schedule's, so the
 simulated time at size K equals that schedule's with β and γ scaled by the
-multiple. So each (algorithm, N) builds its schedules once, not once per size
-(a 1024-rank ring is five million ops); the script checks the scaling against
-direct simulation at N = 8 before it starts.
+multiple. So the tree's schedules are built once per N, not once per size; the
+script checks the scaling against direct simulation at N = 8 before it starts.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ import pathlib
 import sys
 import time
 
-import numpy as np
-
 import ringtree.algorithms
+from ringtree.algorithms import SYMMETRIC
 from ringtree.bench import format_size
 from ringtree.calibrate import load
 from ringtree.sim import rank_programs, run_programs, simulate
@@ -37,8 +38,6 @@ CLUSTER = {"alpha": 5e-6, "beta": 1 / 12.5e9, "gamma": 1 / 100e9, "overhead": 0.
            "alpha_rendezvous": None}
 CLUSTER_TEXT = ("α = 5 µs per message, β = 80 ps per byte (100 Gb/s InfiniBand, 12.5 GB/s per direction), "
                 "γ = 10 ps per byte (reductions at 100 GB/s, as on a GPU), no per-call overhead")
-# Where a 1024-rank ring takes a minute a size, simulate these and interpolate the rest.
-SPARSE_SIZES = {1024: [8, 512, 8 << 10, 2 << 20, 1 << 30]}
 
 
 def main() -> None:
@@ -58,7 +57,8 @@ def main() -> None:
     for n in ranks:
         started = time.perf_counter()
         for algorithm in ("ring", "tree"):
-            programs = rank_programs(algorithm, n, n)  # one element per chunk: every larger multiple scales from it
+            # one element per rank: every larger multiple scales from it (a symmetric one runs on its own)
+            programs = None if algorithm in SYMMETRIC else rank_programs(algorithm, n, n)
             for label, params in costs.items():
                 times[algorithm, n, label], traffic[algorithm, n] = simulate_sizes(algorithm, n, programs, params)
         print(f"N = {n}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
@@ -70,25 +70,22 @@ def main() -> None:
 
 
 def simulate_sizes(algorithm: str, n: int, programs, params: dict) -> tuple[dict[int, float], dict]:
-    """Simulated seconds per size (SPARSE_SIZES interpolated in log-log where set), and the traffic at
-    K = 1 GiB, exact: `programs` carry one element per rank, and every size that is a multiple of that
-    scales from them."""
-    sizes = SPARSE_SIZES.get(n, SIZES)
+    """Simulated seconds per size, and the traffic at K = 1 GiB, exact: `programs` (None to simulate
+    each size directly) carry one element per rank, and every size that is a multiple of that scales
+    from them."""
     reference = ITEMSIZE * n
     found, traffic = {}, None
-    for k in sizes:
-        if k % reference:  # fewer elements than ranks: a schedule of its own, small
-            found[k] = simulate(algorithm, n, k, itemsize=ITEMSIZE, **params).time
-            continue
-        result = run_scaled(programs, algorithm, n, k / reference, params)
-        found[k] = result.time
-        if traffic is None:
+    for k in SIZES:
+        if programs is None or k % reference:  # fewer elements than ranks: a schedule of its own, small
+            result = simulate(algorithm, n, k, itemsize=ITEMSIZE, **params)
+            scale = 1
+        else:
+            result = run_scaled(programs, algorithm, n, k / reference, params)
             scale = (1 << 30) // reference
+        found[k] = result.time
+        if k == 1 << 30:
             traffic = {"sent": [b * scale for b in result.bytes_sent],
                        "received": [b * scale for b in result.bytes_received]}
-    if sizes is not SIZES:
-        logs = np.log([found[k] for k in sizes])
-        found = {k: float(np.exp(np.interp(np.log(k), np.log(sizes), logs))) for k in SIZES} | found
     return found, traffic
 
 
@@ -103,8 +100,8 @@ def run_scaled(programs, algorithm: str, n: int, factor: float, params: dict):
 def check_scaling(params: dict) -> None:
     """Simulating one element per rank with β, γ scaled matches simulating the larger size directly."""
     n, k = 8, 4 * 8 * 4096
-    scaled = run_scaled(rank_programs("ring", n, n), "ring", n, 4096, params).time
-    direct = simulate("ring", n, k, itemsize=ITEMSIZE, **params).time
+    scaled = run_scaled(rank_programs("tree", n, n), "tree", n, 4096, params).time
+    direct = simulate("tree", n, k, itemsize=ITEMSIZE, **params).time
     assert math.isclose(scaled, direct, rel_tol=1e-9), (scaled, direct)
 
 
@@ -156,9 +153,7 @@ def report(traffic, times, costs, ranks, args) -> str:
             "",
             "## Time: where ring overtakes tree",
             "",
-            "The smallest size from which ring is at least as fast as tree (simulated, sizes 8 B … 1 GiB in steps of 4×"
-            + (f"; at N = {', '.join(map(str, SPARSE_SIZES))} simulated at {', '.join(format_size(s) for s in SPARSE_SIZES[1024])} "
-               "and interpolated between, log-log" if any(n in SPARSE_SIZES for n in ranks) else "") + "):",
+            "The smallest size from which ring is at least as fast as tree (simulated, sizes 8 B … 1 GiB in steps of 4×):",
             "",
             "| N | " + " | ".join(f"crossover, {label}" for label in costs) + " | "
             + " | ".join(f"tree ÷ ring at 8 B, {label}" for label in costs) + " | "

@@ -9,11 +9,11 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ringtree.algorithms import ALGORITHMS
+from ringtree.algorithms import ALGORITHMS, SYMMETRIC
 from ringtree.algorithms.tree import binomial_family
 from ringtree.calibrate import fit_per_byte, fit_protocols
 from ringtree.draw import draw
-from ringtree.sim import simulate
+from ringtree.sim import rank_programs, run_programs, simulate
 
 COSTS = dict(alpha=1e-5, beta=1e-9, gamma=5e-10)
 
@@ -95,7 +95,34 @@ def test_tree_root_carries_log_n_times_the_data():
     assert sum(result.bytes_sent) == 2 * (nranks - 1) * k  # each rank but the root: once up, once down
 
 
-@pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - {"ring"}))
+@pytest.mark.parametrize("algorithm", sorted(SYMMETRIC))
+@pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13, 16])
+@pytest.mark.parametrize("per_rank, segment", [(1, 0), (7, 0), (40, 12), (40, 3)])
+def test_symmetric_schedules_are_every_rank_s_schedule_turned(algorithm, nranks, per_rank, segment):
+    """What SYMMETRIC claims: rank r's program is rank 0's with every peer p as (p + r) mod N."""
+    count = nranks * per_rank
+    assert SYMMETRIC[algorithm](nranks, count) and not SYMMETRIC[algorithm](nranks, count + 1)
+    programs = rank_programs(algorithm, nranks, count, segment)
+    reference = programs[0]
+    for rank, program in enumerate(programs):
+        assert program[0] == reference[0] and program[2:6] == reference[2:6]
+        assert program[1] == [None if p is None else (p + rank) % nranks for p in reference[1]]
+
+
+@pytest.mark.parametrize("nranks, count, segment", [(2, 2, 0), (3, 30, 0), (4, 4000, 0), (8, 8 * 999, 0),
+                                                   (8, 8 * 1000, 256), (5, 5 * 77, 9), (16, 16 * 64, 16)])
+@pytest.mark.parametrize("costs", [COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5,
+                                               eager_limit=1024, alpha_rendezvous=2e-5)])
+def test_a_symmetric_schedule_simulated_on_one_rank_matches_all_ranks(nranks, count, segment, costs):
+    fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs)
+    full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
+                        **costs)
+    assert fast.time == full.time and fast.finish == full.finish
+    assert (fast.bytes_sent, fast.bytes_received, fast.messages_sent, fast.messages_received, fast.bytes_reduced) == (
+        full.bytes_sent, full.bytes_received, full.messages_sent, full.messages_received, full.bytes_reduced)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_1024_ranks(algorithm):
     result = simulate(algorithm, 1024, 1 << 20, **COSTS)
     assert len(result.finish) == 1024 and result.time > 0

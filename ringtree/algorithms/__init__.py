@@ -1,12 +1,15 @@
 """The catalogue of allreduce schedule generators: name -> (nranks, rank, count) -> Schedule.
 
-Generators are pure: they import no MPI and no array library.
+Generators are pure: they import no MPI and no array library. A generator may
+also declare when its schedules are the same on every rank up to a rotation of
+the ranks (SYMMETRIC): the simulator then runs one rank for all, and the
+schedule tests check the claim.
 """
 
 from .double_tree import double_tree_allreduce
 from .rabenseifner import rabenseifner_allreduce
 from .recursive_doubling import recursive_doubling_allreduce
-from .ring import ring_allreduce
+from .ring import ring_allreduce, ring_is_symmetric
 from .tree import tree_allreduce
 
 ALGORITHMS = {
@@ -16,3 +19,6 @@ ALGORITHMS = {
     "rabenseifner": rabenseifner_allreduce,
     "double_tree": double_tree_allreduce,
 }
+
+# name -> (nranks, count) -> whether rank r's schedule is rank 0's with every peer p as (p + r) mod nranks
+SYMMETRIC = {"ring": ring_is_symmetric}

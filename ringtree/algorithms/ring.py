@@ -39,3 +39,10 @@ def ring_allreduce(nranks: int, rank: int, count: int) -> Schedule:
         b.recv(left, chunk(OUTPUT, rank - step))
 
     return b.build()
+
+
+def ring_is_symmetric(nranks: int, count: int) -> bool:
+    """Whether every rank's schedule is rank 0's turned around the ring: rank r's ops are rank 0's, in
+    the same order, with the same dependencies and sizes, each peer p replaced by (p + r) mod nranks.
+    So when every chunk holds the same number of elements."""
+    return count % nranks == 0
