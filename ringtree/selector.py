@@ -35,9 +35,14 @@ from .model import Params, predict
 
 log = logging.getLogger("ringtree")
 
-# Up to this size a blocking call runs its schedule step by step (engine.run_blocking),
-# which costs less Python per call than the progress engine.
-BLOCKING_MAX_BYTES = 64 * 1024
+# Up to these sizes a blocking call of an unsegmented schedule runs it step by step
+# (engine.run_blocking: MPI_Sendrecv and friends), which costs less than the progress engine's
+# nonblocking calls and polling. An algorithm that exchanges with one partner at a time leaves the
+# engine nothing to overlap: step by step measured faster up to 2 MiB (2-core VM, 2 and 4 ranks,
+# 20-40 % at 128 KiB-1 MiB). A tree sends to several ranks at once, which step by step serializes:
+# faster up to 256 KiB, slower from 1 MiB. Other algorithms take the trees' limit.
+BLOCKING_MAX_BYTES = {"ring": 2 << 20, "recursive_doubling": 2 << 20, "rabenseifner": 2 << 20}
+BLOCKING_MAX_BYTES_OTHERWISE = 256 << 10
 # Segment size when neither the table nor the caller gives one: pipelining pays
 # once a message is several segments long.
 SEGMENT_BYTES = 4 << 20
@@ -144,7 +149,6 @@ def identity() -> str:
 def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = None,
            algorithm: str = "auto", segment: int | None = None) -> Choice:
     """The algorithm and segment size for an allreduce of `nbytes` on `nranks` ranks."""
-    blocking = nbytes <= BLOCKING_MAX_BYTES
     source = "call"
     if algorithm == "auto":
         algorithm = forced_algorithm()
@@ -163,6 +167,7 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
             source = "model"
     if segment is None:
         segment = table().segment(nranks, algorithm)
+    blocking = nbytes <= BLOCKING_MAX_BYTES.get(algorithm, BLOCKING_MAX_BYTES_OTHERWISE)
     return Choice(algorithm, segment if nbytes > segment else 0, blocking, source)
 
 
