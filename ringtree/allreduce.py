@@ -74,8 +74,8 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         program = call.in_place_program if inplace else call.program
         if program is None or PROGRESS.requests or timeline.ACTIVE or timeout is not None:
             return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
-        if (recvbuf is not None and check is None and segment is None and not reliability.CHECK
-                and known_op(op) is not None and call.program is not None and call.in_place_program is not None):
+        if (check is None and segment is None and not reliability.CHECK and known_op(op) is not None
+                and call.program is not None and call.in_place_program is not None):
             state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
     # Small, and nothing else in flight to progress meanwhile: run it straight through, on scratch
     # that no other call is using now.
@@ -102,6 +102,7 @@ def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
             or (MPI.COMM_WORLD if comm is None else comm) is not LAST[0]):
         return None
     state = LAST[1]
+    # The key as _op_key gives it, inlined: this path counts every 0.1 µs.
     call = state.repeats.get((op if type(op) is str else id(op), algorithm, recvbuf.dtype, recvbuf.size))
     flags = recvbuf.flags
     if call is None or not flags.carray or state.broken is not None:  # carray: C-contiguous, writeable
@@ -213,8 +214,8 @@ def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
 def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
     """Validate the arguments; return (sendbuf, recvbuf or None, ReduceOp, backend, in place?).
 
-    Every call runs this, so the common case (numpy arrays, a predefined op)
-    takes the fewest steps."""
+    Every call but a lean repeat runs this, so the common case (numpy arrays, a
+    predefined op) takes the fewest steps."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"ringtree allreduce: comm must be an intracommunicator, got {comm!r}")
     try:
