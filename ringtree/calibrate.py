@@ -16,9 +16,13 @@ compete for the same cores. So then every algorithm runs as an allreduce on
 the two ranks, 1 KiB to 64 MiB, with the segment size the selector gives it,
 and α, α_rendezvous, β, γ and the per-call `overhead` are refitted so that the simulator
 reproduces those times (least relative error; Gauss-Newton steps on the
-simulator, which is piecewise linear in its parameters). The file keeps both
-fits and the measurements; the simulator uses the second. Timing is bench's:
-turns in shuffled order, medians of the slower rank. Other ranks wait.
+simulator, which is piecewise linear in its parameters). That fit is made
+twice: with full-duplex ports, and with one port per rank for both directions
+(where, as over shared memory, the processors at both ends copy a message's
+bytes, so a rank's send and receive do not overlap), each with the eager limit
+that fits best; the better one is kept. The file keeps the primitives, both
+fits and the measurements; the simulator uses the better fit. Timing is bench's: turns in shuffled order, medians of the slower
+rank. Other ranks wait.
 """
 
 from __future__ import annotations
@@ -91,8 +95,8 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
         if rank == 0:
             print(f"  {format_size(nbytes):>8}: " + ", ".join(f"{name} {median[name] * 1e6:.1f} us" for name in ALGORITHMS),
                   flush=True)
-    fitted = fit_to_collectives(collectives, primitives)
-    result = {"format": FORMAT, **fitted, "primitives": primitives, "nranks": 2,
+    fitted, fits = best_fit(collectives, primitives)
+    result = {"format": FORMAT, **fitted, "fits": fits, "primitives": primitives, "nranks": 2,
               "mpi": MPI.Get_library_version().splitlines()[0].strip(), "note": args.note,
               "message_seconds": {str(n): t for n, t in messages.items()},
               "reduce_seconds": {str(n): t for n, t in reductions.items()},
@@ -108,13 +112,37 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
 def describe(params: dict) -> str:
     return (f"alpha {params['alpha'] * 1e6:.2f} us per message ({params['alpha_rendezvous'] * 1e6:.2f} us above "
             f"{format_size(params['eager_limit'])}), beta {params['beta'] * 1e12:.1f} ps per byte, "
-            f"gamma {params['gamma'] * 1e12:.1f} ps per byte reduced, overhead {params['overhead'] * 1e6:.2f} us per call")
+            f"gamma {params['gamma'] * 1e12:.1f} ps per byte reduced, overhead {params['overhead'] * 1e6:.2f} us per call"
+            + ("" if params.get("duplex", True) else ", one port per rank"))
+
+
+def best_fit(collectives, primitives: dict) -> tuple[dict, dict]:
+    """fit_to_collectives with full-duplex ports and with one port per rank, each with the eager
+    limit (among the measured sizes up to 1 MiB, and the primitives') that fits best: (the better of
+    the two, {"full duplex": fit, "one port": fit})."""
+    limits = sorted({primitives["eager_limit"], *(1 << k for k in range(10, 21))})
+    fits = {}
+    for name, duplex in (("full duplex", True), ("one port", False)):
+        start = dict(primitives)
+        if not duplex:  # a Sendrecv exchange is then two messages in turn: start from half its costs
+            start.update({key: primitives[key] / 2 for key in ("alpha", "alpha_rendezvous", "beta")})
+        candidates = [fit_to_collectives(collectives, {**start, "eager_limit": limit}, duplex=duplex)
+                      for limit in limits]
+        fits[name] = min(candidates, key=lambda fitted: relative_error(collectives, fitted))
+    return min(fits.values(), key=lambda fitted: relative_error(collectives, fitted)), fits
+
+
+def relative_error(collectives, params: dict) -> float:
+    """The root mean square of log(simulated / measured) over (algorithm, bytes, segment, seconds)."""
+    logs = [np.log(simulate(algorithm, 2, nbytes, segment=segment, window=WINDOW, **params).time / seconds)
+            for algorithm, nbytes, segment, seconds in collectives]
+    return float(np.sqrt(np.mean(np.square(logs))))
 
 
 FITTED = ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead")
 
 
-def fit_to_collectives(collectives, start: dict, steps: int = 6) -> dict:
+def fit_to_collectives(collectives, start: dict, steps: int = 6, duplex: bool = True) -> dict:
     """The costs with which the simulator best reproduces (algorithm, bytes, segment, seconds) on 2
     ranks, in relative error; `start`'s eager limit stays. The simulated time is piecewise linear in
     the costs, so each step fits the linearisation at the current point, from the simulator's own
@@ -122,18 +150,18 @@ def fit_to_collectives(collectives, start: dict, steps: int = 6) -> dict:
     point = np.array([start[name] for name in FITTED]) + np.array([1e-6, 1e-6, 1e-11, 1e-11, 1e-6])
     times = np.array([seconds for *_, seconds in collectives])
     for _ in range(steps):
-        design = np.array([_gradient(c, point, start["eager_limit"]) for c in collectives])
+        design = np.array([_gradient(c, point, start["eager_limit"], duplex) for c in collectives])
         point = relative_nnls(design, times)
-    return {**dict(zip(FITTED, map(float, point))), "eager_limit": start["eager_limit"]}
+    return {**dict(zip(FITTED, map(float, point))), "eager_limit": start["eager_limit"], "duplex": duplex}
 
 
-def _gradient(collective, point: np.ndarray, eager_limit: int) -> list[float]:
+def _gradient(collective, point: np.ndarray, eager_limit: int, duplex: bool) -> list[float]:
     """d(simulated time)/d(cost) at `point`, for each cost: one-sided differences."""
     algorithm, nbytes, segment, _ = collective
 
     def at(p):
         return simulate(algorithm, 2, nbytes, segment=segment, window=WINDOW, eager_limit=eager_limit,
-                        **dict(zip(FITTED, p))).time
+                        duplex=duplex, **dict(zip(FITTED, p))).time
     here = at(point)
     steps = 1e-3 * np.maximum(point, 1e-12)
     return [(at(point + step * unit) - here) / step for step, unit in zip(steps, np.eye(len(FITTED)))]
@@ -161,10 +189,16 @@ def fit_per_byte(seconds: dict[int, float]) -> float:
     return float(relative_nnls(sizes[:, None], np.array(list(seconds.values())))[0])
 
 
-def load(path: str) -> dict:
-    """The simulator's costs from a file written by calibrate: keyword arguments for simulate()."""
+def load(path: str, duplex: bool | None = None) -> dict:
+    """The simulator's costs from a file written by calibrate, as keyword arguments for simulate():
+    the better fit, or the one with full-duplex ports (duplex=True) or one port per rank (False)."""
     with open(path) as f:
         data = json.load(f)
     if data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a ringtree calibration file (format {data.get('format')!r})")
-    return {**{key: float(data[key]) for key in FITTED}, "eager_limit": int(data["eager_limit"])}
+    if duplex is not None and "fits" in data:
+        data = data["fits"]["full duplex" if duplex else "one port"]
+    elif duplex is False and data.get("duplex", True):
+        raise ValueError(f"{path} has no fit with one port per rank")
+    return {**{key: float(data[key]) for key in FITTED}, "eager_limit": int(data["eager_limit"]),
+            "duplex": bool(data.get("duplex", True))}

@@ -8,7 +8,9 @@ processor. An optional `overhead` is the fixed cost of a call (a Python call's
 argument checks and plan lookup): every rank starts that late. And as MPI
 libraries switch from an eager protocol to a rendezvous (a handshake first)
 above some size, messages of more than `eager_limit` bytes may take
-`alpha_rendezvous` instead of α. An op is posted or started once its dependencies have finished and,
+`alpha_rendezvous` instead of α. With `duplex=False` a rank has one port for
+both directions, as where the processors at both ends copy a message over
+shared memory: a rank then sends or receives, not both at once. An op is posted or started once its dependencies have finished and,
 for a message, once the message before it on its channel was posted: as the
 engine does. Messages and reductions waiting for a port or the processor get it
 in the order they became ready, ties in schedule order.
@@ -26,6 +28,7 @@ is simulated on one rank that stands for all, with the same result.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import heapq
@@ -79,11 +82,14 @@ class Event(NamedTuple):
 
 def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: float, gamma: float,
              overhead: float = 0.0, eager_limit: int | None = None, alpha_rendezvous: float | None = None,
-             itemsize: int = 4, segment: int = 0, window: int = 4, trace: bool = False) -> SimResult:
+             duplex: bool = True, itemsize: int = 4, segment: int = 0, window: int = 4,
+             trace: bool = False) -> SimResult:
     """Simulate one allreduce of `nbytes` (whole elements of `itemsize` bytes) on `nranks` ranks.
 
     `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
-    engine does. With `trace`, the result lists every op's start and finish.
+    engine does. `duplex=False` gives each rank one port for both directions,
+    as where a message's bytes are copied by the processors at both ends over
+    shared memory. With `trace`, the result lists every op's start and finish.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
@@ -97,7 +103,8 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     count = nbytes // itemsize
     segment_elements = max(1, segment // itemsize) if segment else 0
     symmetric = SYMMETRIC.get(algorithm)
-    if symmetric is not None and nranks > 1 and not trace and symmetric(nranks, count):
+    # With one port per rank, neighbours cannot all send at once: ranks alternate, so symmetry breaks.
+    if symmetric is not None and nranks > 1 and duplex and not trace and symmetric(nranks, count):
         program = _program((algorithm, nranks, 0, count, segment_elements, window, itemsize, False))
         one = run_programs([_turning(program)], algorithm, 1, nbytes, itemsize, segment, alpha, beta, gamma, overhead,
                            eager_limit=eager_limit, alpha_rendezvous=alpha_rendezvous,
@@ -107,7 +114,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
                                                           one.messages_sent, one.messages_received, one.bytes_reduced)))
     programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace)
     return run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
-                        eager_limit, alpha_rendezvous)
+                        eager_limit, alpha_rendezvous, duplex=duplex)
 
 
 # A schedule that is the same on every rank up to turning the ranks around (algorithms.SYMMETRIC) runs
@@ -182,16 +189,16 @@ def _program(job: tuple) -> tuple:
 
 
 def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead=0.0,
-                 trace=False, eager_limit=None, alpha_rendezvous=None, partners=None) -> SimResult:
+                 trace=False, eager_limit=None, alpha_rendezvous=None, partners=None, duplex=True) -> SimResult:
     """simulate()'s second half: run programs from rank_programs with these costs. `partners`: for
     each rank's ops, the index of the other end of its message at the peer (found when None)."""
     with _without_gc():
         return _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
-                    eager_limit, alpha_rendezvous, partners)
+                    eager_limit, alpha_rendezvous, partners, duplex)
 
 
 def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace, eager_limit,
-         alpha_rendezvous, partners) -> SimResult:
+         alpha_rendezvous, partners, duplex) -> SimResult:
     if eager_limit is None:
         eager_limit, alpha_rendezvous = float("inf"), alpha
     kinds, peers, sizes, dependents, channel_next = ([p[k] for p in programs] for k in range(5))
@@ -207,6 +214,8 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
     cpu_queue = [deque() for _ in range(nranks)]
     send_queue = [deque() for _ in range(nranks)]  # ready messages waiting for a port, by their send (s, j)
     recv_queue = [deque() for _ in range(nranks)]
+    if not duplex:  # one port per rank: sending and receiving take the same one, and wait in one line
+        recv_busy, recv_queue = send_busy, send_queue
     events: list[tuple[float, int, int, int]] = []  # (finish time, tie-break, rank, op): a reduction, or a message by its send
     tick = itertools.count()
     push, pop = heapq.heappush, heapq.heappop
@@ -340,6 +349,8 @@ def add_arguments(parser) -> None:
                           ("alpha_rendezvous", "seconds per message above --eager-limit")):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"{meaning} (overrides the calibration)")
     parser.add_argument("--eager-limit", type=parse_size, help="bytes: larger messages take --alpha-rendezvous")
+    parser.add_argument("--duplex", action=argparse.BooleanOptionalAction,
+                        help="a send and a receive port per rank (the default), or --no-duplex: one port for both")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -350,7 +361,8 @@ def run(args) -> SimResult:
     from .selector import FALLBACK_MODEL
 
     params = load(args.calibration) if args.calibration else {**FALLBACK_MODEL._asdict(), "overhead": 0.0,
-                                                              "eager_limit": None, "alpha_rendezvous": None}
+                                                              "eager_limit": None, "alpha_rendezvous": None,
+                                                              "duplex": True}
     params.update({name: getattr(args, name) for name in params if getattr(args, name) is not None})
     result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment, **params)
     n, k = args.ranks, args.bytes
@@ -368,7 +380,7 @@ def run(args) -> SimResult:
           + f"; alpha {params['alpha']:.3g} s, beta {params['beta']:.3g} s/B, gamma {params['gamma']:.3g} s/B, "
           f"overhead {params['overhead']:.3g} s"
           + (f", above {params['eager_limit']} B alpha {params['alpha_rendezvous']:.3g} s" if params['eager_limit'] is not None
-             else ""))
+             else "") + ("" if params["duplex"] else ", one port per rank"))
     print(f"predicted time: {result.time * 1e6:.2f} us; total bytes sent {sum(result.bytes_sent)}, "
           f"messages {sum(result.messages_sent)}")
     print(f"{'ranks':>12} {'bytes sent':>14} {'bytes recvd':>14} {'msgs sent':>10} {'msgs recvd':>10} "

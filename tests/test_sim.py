@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from ringtree.algorithms import ALGORITHMS, SYMMETRIC
 from ringtree.algorithms.tree import binomial_family
-from ringtree.calibrate import fit_per_byte, fit_protocols
+from ringtree.calibrate import best_fit, fit_per_byte, fit_protocols
 from ringtree.draw import draw
 from ringtree.sim import rank_programs, run_programs, simulate
 
@@ -177,3 +177,38 @@ def test_messages_above_the_eager_limit_take_the_rendezvous_latency():
     assert small.time == pytest.approx(2e-6) and large.time == pytest.approx(10e-6)
     with pytest.raises(ValueError, match="go together"):
         simulate("tree", 2, 1024, eager_limit=1024, **costs)
+
+
+def test_with_one_port_a_rank_sends_or_receives_not_both():
+    alpha, beta, gamma, k = 1e-5, 1e-9, 5e-10, 1 << 20
+    costs = dict(alpha=alpha, beta=beta, gamma=gamma)
+    # recursive doubling on 2 ranks: one exchange, then the reduction
+    assert simulate("recursive_doubling", 2, k, **costs).time == pytest.approx(alpha + beta * k + gamma * k)
+    assert simulate("recursive_doubling", 2, k, duplex=False, **costs).time == pytest.approx(
+        2 * (alpha + beta * k) + gamma * k)
+    # the tree's two messages go one way each, one after the other: one port changes nothing
+    assert simulate("tree", 2, k, duplex=False, **costs).time == simulate("tree", 2, k, **costs).time
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("nranks", [3, 4, 8])
+def test_one_port_is_never_faster_and_is_simulated_on_every_rank(algorithm, nranks):
+    count = 64 * nranks
+    one_port = simulate(algorithm, nranks, 4 * count, duplex=False, **COSTS)
+    assert one_port.time >= simulate(algorithm, nranks, 4 * count, **COSTS).time
+    full = run_programs(rank_programs(algorithm, nranks, count), algorithm, nranks, 4 * count, 4, 0, duplex=False,
+                        **COSTS)
+    assert one_port.finish == full.finish  # a symmetric schedule is not symmetric in time with one port
+
+
+def test_calibration_finds_the_port_model_and_eager_limit_of_its_data():
+    truth = dict(alpha=4e-6, alpha_rendezvous=9e-6, eager_limit=8192, beta=2e-10, gamma=1e-10, overhead=5e-6,
+                 duplex=False)
+    collectives = [(algorithm, nbytes, 0, simulate(algorithm, 2, nbytes, **truth).time)
+                   for algorithm in ("ring", "tree", "recursive_doubling") for nbytes in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
+    primitives = dict(alpha=5e-6, alpha_rendezvous=1e-5, eager_limit=4096, beta=3e-10, gamma=2e-10, overhead=0.0)
+    fitted, fits = best_fit(collectives, primitives)
+    assert fitted is fits["one port"] and fitted["eager_limit"] == 8192
+    assert [fitted[name] for name in ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead")] == pytest.approx(
+        [truth[name] for name in ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead")], rel=1e-3)
+
