@@ -4,8 +4,9 @@
 
 Traffic is counted exactly from the schedules ringtree runs; times come from the
 α-β-γ simulator with two sets of costs: this machine's (from `python -m
-ringtree calibrate`) and a typical cluster's (stated below). Takes about a
-minute on a 2-core VM.
+ringtree calibrate`) and a typical cluster's (stated below). Takes about three
+minutes on a 2-core VM, most of them on the 1024-rank ring below 4 KiB, where
+fewer elements than ranks leave the chunks uneven and every rank is simulated.
 
 The ring's schedules are the same on every rank up to turning the ring
 (algorithms.SYMMETRIC) whenever N divides the element count, as at every size
