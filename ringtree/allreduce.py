@@ -77,18 +77,15 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         if (check is None and segment is None and not reliability.CHECK and known_op(op) is not None
                 and call.program is not None and call.in_place_program is not None):
             state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
-    # Small, and nothing else in flight to progress meanwhile: run it straight through, on scratch
-    # that no other call is using now.
-    scratch = call.free_scratch[-1] if call.free_scratch else call.new_scratch()
+    # Small, and nothing else in flight to progress meanwhile: run it straight through.
     try:
-        run_blocking(program, [source, target, *scratch], call.reduce, call.backend.copy, state.comm, state.next_tag())
+        run_blocking(program, [source, target, *call.lean_scratch], call.reduce, call.backend.copy, state.comm,
+                     state.next_tag())
     except (MismatchError, PeerFailure) as error:
         state.broken = error  # messages of the other ranks' call may be left unmatched
         raise
     if call.average:
         call.backend.divide(target, state.size)
-    if not call.free_scratch:
-        call.free_scratch.append(scratch)
     return recvbuf
 
 
@@ -142,14 +139,12 @@ class _CallPlan(NamedTuple):
     average: bool
     dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
+    lean_scratch: list  # the lean path's scratch: it runs when no other call is in flight
     record: object  # what check mode compares across ranks (reliability.call_record)
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
-        return self.free_scratch.pop() if self.free_scratch else self.new_scratch()
-
-    def new_scratch(self) -> list:
-        return [self.backend.empty(size, self.dtype) for _, size in self.plan.schedule.scratch]
+        return self.free_scratch.pop() if self.free_scratch else _new_scratch(self.plan, self.backend, self.dtype)
 
     def finish(self, target, scratch: list, nranks: int) -> None:
         """After a call's last op: divide for avg, and keep the scratch for the next call."""
@@ -199,9 +194,13 @@ def _plan(state, backend, algorithm, target, kind, segment) -> _CallPlan:
     lean = choice.blocking and plan.program is not None
     call = state.plans[backend, algorithm, target.size, dtype, kind, segment] = _CallPlan(
         plan, plan.program if lean else None, plan.in_place_program if lean else None, backend,
-        backend.reducer(kind), kind is ReduceOp.AVG, dtype, [],
+        backend.reducer(kind), kind is ReduceOp.AVG, dtype, [], _new_scratch(plan, backend, dtype) if lean else [],
         reliability.call_record(target.size, dtype, kind.value, choice.algorithm))
     return call
+
+
+def _new_scratch(plan: CompiledSchedule, backend, dtype) -> list:
+    return [backend.empty(size, dtype) for _, size in plan.schedule.scratch]
 
 
 def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:

@@ -110,7 +110,7 @@ def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: 
     progresses nothing else. Messages go as bytes: [region, MPI.BYTE]; a
     message of another size than its receive raises MismatchError.
     """
-    status = MPI.Status()
+    status = _STATUS
     try:
         for step in program:
             kind = step[0]
@@ -142,6 +142,9 @@ def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: 
         if translated is None:
             raise
         raise translated from None
+
+
+_STATUS = MPI.Status()  # run_blocking's, reused: ringtree is called from one thread at a time (docs/design.md)
 
 
 def _wrong_size(comm, peer: int, got: int, expected: int) -> MismatchError:
