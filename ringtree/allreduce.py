@@ -159,11 +159,8 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     if comm is None:
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, kind, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
-    if timeout is None:
-        timeout = reliability.TIMEOUT
-    else:
-        timeout = _checked_timeout(timeout, comm)
-    if check is not None and check is not True and check is not False:
+    timeout = _checked_timeout(timeout, comm)
+    if check is not None and not isinstance(check, bool):
         raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
                         f"got {check!r}")
     state = comm_state(comm, timeout)

@@ -6,6 +6,7 @@ import numpy as np
 
 from .ops import ReduceOp
 
+
 def _minimum(left, right, out):
     np.minimum(left, right, out=out)  # numpy 2.4 deprecates a positional out for minimum and maximum
 

@@ -121,15 +121,14 @@ def best_fit(collectives, primitives: dict) -> tuple[dict, dict]:
     limit (among the measured sizes up to 1 MiB, and the primitives') that fits best: (the better of
     the two, {"full duplex": fit, "one port": fit})."""
     limits = sorted({primitives["eager_limit"], *(1 << k for k in range(10, 21))})
-    fits = {}
+    scored = {}  # port model -> (error, fit) of its best eager limit
     for name, duplex in (("full duplex", True), ("one port", False)):
         start = dict(primitives)
         if not duplex:  # a Sendrecv exchange is then two messages in turn: start from half its costs
             start.update({key: primitives[key] / 2 for key in ("alpha", "alpha_rendezvous", "beta")})
-        candidates = [fit_to_collectives(collectives, {**start, "eager_limit": limit}, duplex=duplex)
-                      for limit in limits]
-        fits[name] = min(candidates, key=lambda fitted: relative_error(collectives, fitted))
-    return min(fits.values(), key=lambda fitted: relative_error(collectives, fitted)), fits
+        fits = (fit_to_collectives(collectives, {**start, "eager_limit": limit}, duplex=duplex) for limit in limits)
+        scored[name] = min(((relative_error(collectives, fitted), fitted) for fitted in fits), key=lambda pair: pair[0])
+    return min(scored.values(), key=lambda pair: pair[0])[1], {name: fitted for name, (_, fitted) in scored.items()}
 
 
 def relative_error(collectives, params: dict) -> float:

@@ -104,7 +104,8 @@ def compiled(algorithm: str, nranks: int, rank: int, count: int, segment: int = 
 
 
 def run_blocking(program: tuple[tuple, ...], buffers: list, reduce, copy, comm: MPI.Comm, tag: int) -> None:
-    """Run a compiled program to the end, blocking on each step: the lean path for small messages.
+    """Run a compiled program to the end, blocking on each step: the lean path for small and mid-sized
+    messages.
 
     Only for when no other collective is in flight in this process, since it
     progresses nothing else. Messages go as bytes: [region, MPI.BYTE]; a
