@@ -13,13 +13,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
-from .backend import NumpyBackend, backend_for
+from .backend import NoDevice, NumpyBackend, backend_for
 from . import reliability, timeline
 from .comm import LAST, comm_state
 from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
 from .errors import MismatchError, PeerFailure
 from .ops import ReduceOp, check_dtype, known_op, parse_op
 from .selector import WINDOW, log_choice, select
+from .staging import is_host
 
 __all__ = ["allreduce", "iallreduce", "Request"]
 
@@ -74,8 +75,9 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         program = call.in_place_program if inplace else call.program
         if program is None or PROGRESS.requests or timeline.ACTIVE or timeout is not None:
             return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
+        call.backend.before_messages()
         if (check is None and segment is None and not reliability.CHECK and known_op(op) is not None
-                and call.program is not None and call.in_place_program is not None):
+                and call.backend is NumpyBackend and call.program is not None and call.in_place_program is not None):
             state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
     # Small, and nothing else in flight to progress meanwhile: run it straight through.
     try:
@@ -187,7 +189,7 @@ def _plan(state, backend, algorithm, target, kind, segment) -> _CallPlan:
     choice = select(target.nbytes, state.size, dtype.name, kind.value, algorithm, segment)
     log_choice(choice, target.nbytes, state.size, dtype, kind.value)
     plan = compiled(choice.algorithm, state.size, state.rank, target.size,
-                    max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW)
+                    max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW, backend.staged)
     lean = choice.blocking and plan.program is not None
     call = state.plans[backend, algorithm, target.size, dtype, kind, segment] = _CallPlan(
         plan, plan.program if lean else None, plan.in_place_program if lean else None, backend,
@@ -197,10 +199,11 @@ def _plan(state, backend, algorithm, target, kind, segment) -> _CallPlan:
 
 
 def _new_scratch(plan: CompiledSchedule, backend, dtype) -> list:
-    return [backend.empty(size, dtype) for _, size in plan.schedule.scratch]
+    return [(backend.host_empty if is_host(name) else backend.empty)(size, dtype) for name, size in plan.schedule.scratch]
 
 
 def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
+    call.backend.before_messages()
     scratch = call.take_scratch()
     execution = Execution(call.plan, [source, target, *scratch], inplace, call.reduce, call.backend.copy,
                           state, lambda: call.finish(target, scratch, state.size), timeout)
@@ -234,7 +237,7 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
             inplace = True
         else:
             if type(recvbuf) is not type(sendbuf) and _array_backend(recvbuf, "recvbuf") is not backend:
-                raise TypeError(f"sendbuf is a {type(sendbuf).__name__} but recvbuf is a {type(recvbuf).__name__}")
+                raise TypeError(f"sendbuf is a {_type_name(sendbuf)} but recvbuf is a {_type_name(recvbuf)}")
             if not recvbuf.flags.c_contiguous:
                 raise _not_contiguous("recvbuf", recvbuf)
             if recvbuf.dtype != sendbuf.dtype:
@@ -245,10 +248,10 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
             if aliasing == "overlap":
                 raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
             inplace = aliasing == "same"
-        if not recvbuf.flags.writeable:
+        if not backend.writeable(recvbuf):
             raise ValueError("recvbuf is read-only")
         return sendbuf, recvbuf, kind, backend, inplace
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
 
 
@@ -264,10 +267,13 @@ def _checked_timeout(timeout, comm):
 def _array_backend(buf, name):
     backend = backend_for(buf)
     if backend is None:
-        kind = type(buf)
-        raise TypeError(f"{name} must be a numpy array, got {kind.__module__}.{kind.__qualname__}"
-                        if kind.__module__ != "builtins" else f"{name} must be a numpy array, got {kind.__name__}")
+        raise TypeError(f"{name} must be a numpy or CuPy array, got {_type_name(buf)}")
     return backend
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _not_contiguous(name, buf) -> ValueError:

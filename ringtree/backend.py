@@ -1,6 +1,13 @@
-"""The array backend: the one place that knows how to view, allocate and reduce buffers."""
+"""The array backends: the one place that knows how to allocate, reduce and copy buffers.
+
+NumpyBackend handles numpy arrays; CupyBackend CuPy arrays on the current CUDA
+device, direct to a CUDA-aware MPI or staged through pinned host memory
+(staging.py) for any other.
+"""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -26,9 +33,19 @@ _UFUNCS = {
 class NumpyBackend:
     """numpy arrays on the host."""
 
+    staged = False  # MPI takes these arrays as they are
+
     @staticmethod
     def owns(array) -> bool:
         return isinstance(array, np.ndarray)
+
+    @staticmethod
+    def writeable(array: np.ndarray) -> bool:
+        return array.flags.writeable
+
+    @staticmethod
+    def before_messages() -> None:
+        """What must happen before MPI reads the call's input: nothing, on the host."""
 
     @staticmethod
     def empty_like(array: np.ndarray) -> np.ndarray:
@@ -38,9 +55,7 @@ class NumpyBackend:
     def empty(count: int, dtype: np.dtype) -> np.ndarray:
         return np.empty(count, dtype)
 
-    @staticmethod
-    def as_bytes(array: np.ndarray) -> np.ndarray:
-        return array.view(np.uint8)
+    host_empty = empty  # scratch a staged schedule keeps in host memory (staging.HOST)
 
     @staticmethod
     def reducer(op: ReduceOp):
@@ -70,8 +85,113 @@ class NumpyBackend:
         return "overlap" if np.shares_memory(a, b) else None
 
 
+class CupyBackend:
+    """CuPy arrays on the current CUDA device; reductions and copies run on the current stream.
+
+    `staged`: the MPI cannot take device memory, so the schedule stages every
+    message through host slots, here pinned (page-locked) memory, which CuPy's
+    pinned pool keeps for later calls. Else MPI reads and writes device memory
+    itself, and whatever it reads must be final first: the stream is
+    synchronised before the call's first message and after each reduction or
+    copy, so that no send reads a region a kernel is still writing.
+    """
+
+    def __init__(self, staged: bool) -> None:
+        import cupy
+
+        self.cupy = cupy
+        self.staged = staged
+        self.ufuncs = {
+            ReduceOp.SUM: cupy.add, ReduceOp.AVG: cupy.add, ReduceOp.PROD: cupy.multiply,
+            ReduceOp.MIN: cupy.minimum, ReduceOp.MAX: cupy.maximum,
+            ReduceOp.LAND: cupy.logical_and, ReduceOp.LOR: cupy.logical_or, ReduceOp.LXOR: cupy.logical_xor,
+            ReduceOp.BAND: cupy.bitwise_and, ReduceOp.BOR: cupy.bitwise_or, ReduceOp.BXOR: cupy.bitwise_xor,
+        }
+
+    def owns(self, array) -> bool:
+        return isinstance(array, self.cupy.ndarray)
+
+    @staticmethod
+    def writeable(array) -> bool:
+        return True  # CuPy has no read-only arrays
+
+    def before_messages(self) -> None:
+        if not self.staged:
+            self.synchronize()
+
+    def synchronize(self) -> None:
+        self.cupy.cuda.get_current_stream().synchronize()
+
+    def empty_like(self, array):
+        return self.cupy.empty_like(array)
+
+    def empty(self, count: int, dtype: np.dtype):
+        return self.cupy.empty(count, dtype)
+
+    def host_empty(self, count: int, dtype: np.dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        memory = self.cupy.cuda.alloc_pinned_memory(max(1, count) * dtype.itemsize)
+        return np.frombuffer(memory, dtype, count)
+
+    def reducer(self, op: ReduceOp):
+        ufunc = self.ufuncs[op]
+        if self.staged:
+            return lambda left, right, out: ufunc(left, right, out=out)
+
+        def reduce_and_wait(left, right, out):
+            ufunc(left, right, out=out)
+            self.synchronize()
+        return reduce_and_wait
+
+    def copy(self, dst, src) -> None:
+        if type(dst) is np.ndarray:
+            src.get(out=dst)  # device to host: waits for the stream, so for the kernels that wrote src
+        elif type(src) is np.ndarray:
+            dst.set(src)
+            self.synchronize()  # src's slot may take the next message once this returns
+        else:
+            self.cupy.copyto(dst, src)
+            if not self.staged:
+                self.synchronize()
+
+    def divide(self, output, nranks: int) -> None:
+        self.cupy.true_divide(output, nranks, out=output)
+
+    @staticmethod
+    def aliasing(a, b) -> str | None:
+        """As NumpyBackend.aliasing, for C-contiguous device arrays."""
+        if a is b or (a.data.ptr == b.data.ptr and a.nbytes == b.nbytes):
+            return "same"
+        overlap = a.data.ptr < b.data.ptr + b.nbytes and b.data.ptr < a.data.ptr + a.nbytes
+        return "overlap" if overlap else None
+
+
+class NoDevice(RuntimeError):
+    """A CuPy array was given, but CuPy finds no usable CUDA device."""
+
+
+@functools.cache
+def cupy_backend() -> CupyBackend:
+    """The backend for CuPy arrays in this process: direct or staged as the MPI allows (cuda.py)."""
+    import cupy
+
+    from .cuda import cuda_support
+
+    try:
+        devices = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        raise NoDevice(f"the arrays are CuPy arrays, but CUDA finds no usable device ({error})") from None
+    if devices == 0:
+        raise NoDevice("the arrays are CuPy arrays, but CUDA finds no device")
+    return CupyBackend(staged=not cuda_support().aware)
+
+
 def backend_for(array):
-    """The backend that handles `array`, or None."""
+    """The backend that handles `array`, or None. CuPy is imported only when an array is CuPy's."""
     if type(array) is np.ndarray or NumpyBackend.owns(array):
         return NumpyBackend
+    if type(array).__module__.split(".")[0] == "cupy":
+        backend = cupy_backend()
+        if backend.owns(array):
+            return backend
     return None

@@ -8,6 +8,11 @@ of a shared machine hits them alike. A turn is a barrier and then a batch of
 back-to-back calls, as in nccl-tests (calls for about a millisecond, or
 --batch seconds); its time per call is the slowest rank's, and the table shows
 the median over repetitions.
+
+With --cupy the buffers are CuPy arrays on the current GPU, and each call
+ends when the GPU has finished it. `roundtrip` is then what a program without
+ringtree does: copy to host memory, the MPI library's Allreduce there, copy
+back; `native` hands MPI the device memory, which only a CUDA-aware MPI takes.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
+from .backend import NoDevice, cupy_backend
+from .cuda import cuda_support
 from .ops import MPI_OP, ReduceOp, check_dtype, parse_op
 
 NATIVE = "native"
+ROUNDTRIP = "roundtrip"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this at each step")
     parser.add_argument("--algorithms", default="ring,tree,auto,native",
-                        help=f"comma-separated, from {', '.join(sorted(ALGORITHMS))}, auto, native")
+                        help=f"comma-separated, from {', '.join(sorted(ALGORITHMS))}, auto, native, "
+                             "and with --cupy roundtrip")
+    parser.add_argument("--cupy", action="store_true", help="CuPy arrays on the GPU instead of numpy arrays")
     parser.add_argument("--dtype", default="float32", help="numpy dtype name")
     parser.add_argument("--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
     parser.add_argument("--inplace", action="store_true", help="MPI.IN_PLACE instead of separate buffers")
@@ -87,23 +97,33 @@ def run(args: argparse.Namespace) -> list[dict]:
     op = parse_op(args.op)
     check_dtype(dtype, op)
     algorithms = args.algorithms.split(",")
-    unknown = set(algorithms) - set(ALGORITHMS) - {"auto", NATIVE}
+    unknown = set(algorithms) - set(ALGORITHMS) - {"auto", NATIVE} - ({ROUNDTRIP} if args.cupy else set())
     if unknown:
         raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
-    if dtype == np.float16 and NATIVE in algorithms:
-        raise SystemExit("native MPI has no float16 reduction; leave out 'native' or pick another dtype")
+    if dtype == np.float16 and {NATIVE, ROUNDTRIP} & set(algorithms):
+        raise SystemExit("native MPI has no float16 reduction; leave out 'native' and 'roundtrip' or pick another dtype")
+    if args.cupy:
+        try:
+            cupy_backend()
+        except NoDevice as error:
+            raise SystemExit(f"--cupy: {error}") from None
+    if args.cupy and NATIVE in algorithms and not cuda_support().aware:
+        raise SystemExit(f"native MPI cannot take device memory: the MPI is not CUDA-aware ({cuda_support().reason}); "
+                         f"compare with '{ROUNDTRIP}' instead")
+    baseline = next((name for name in (NATIVE, ROUNDTRIP) if name in algorithms), None)
 
     rows = []
     if rank == 0:
         print(f"# ringtree bench: {size} ranks, {dtype}, {op.value}, {'in place' if args.inplace else 'out of place'}, "
-              f"{MPI.Get_library_version().splitlines()[0].strip()}")
+              f"{'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>10} {'time us':>10} "
-              f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x native':>8}")
+              f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x ' + (baseline or '-'):>8}")
     for nbytes in size_grid(args.minbytes, args.maxbytes, args.stepfactor):
-        rows += _measure_size(comm, algorithms, max(1, nbytes // dtype.itemsize), dtype, op, args)
+        rows += _measure_size(comm, algorithms, max(1, nbytes // dtype.itemsize), dtype, op, args, baseline)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
             json.dump({"ranks": size, "dtype": str(dtype), "op": op.value, "inplace": args.inplace,
+                       "arrays": "cupy" if args.cupy else "numpy", "baseline": baseline,
                        "mpi": MPI.Get_library_version().splitlines()[0].strip(), "note": args.note,
                        "rows": rows}, f, indent=1)
     if any(row["wrong"] for row in rows):
@@ -111,20 +131,23 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def _measure_size(comm, algorithms, count, dtype, op, args) -> list[dict]:
+def _measure_size(comm, algorithms, count, dtype, op, args, baseline) -> list[dict]:
     rank, size = comm.Get_rank(), comm.Get_size()
     data, expected = exact_inputs(comm, count, dtype, op)
-    out = np.empty_like(data)
+    if args.cupy:
+        import cupy
+        data = cupy.asarray(data)
+    out = data.copy()
     calls = {name: _call(comm, name, data, out, op, args) for name in algorithms}
 
     wrong = []
     for name in algorithms:
-        np.copyto(out, data)
+        out[...] = data
         for _ in range(args.warmup):
             calls[name]()
-            np.copyto(out, data)  # in place, the next call must start from the input again
+            out[...] = data  # in place, the next call must start from the input again
         calls[name]()
-        wrong.append(np.count_nonzero(out != expected))
+        wrong.append(np.count_nonzero((out.get() if args.cupy else out) != expected))
     wrong = dict(zip(algorithms, map(int, _across_ranks(comm, wrong, MPI.SUM))))
 
     # In place every call adds into the last result, so the values grow until they overflow to inf,
@@ -138,11 +161,12 @@ def _measure_size(comm, algorithms, count, dtype, op, args) -> list[dict]:
         algbw = data.nbytes / seconds / 1e9
         row = {"size": data.nbytes, "count": count, "type": str(dtype), "redop": op.value, "algorithm": name,
                "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * 2 * (size - 1) / size,
-               "wrong": wrong[name],
-               "vs_native": median[NATIVE] / seconds if NATIVE in median else None}
+               "wrong": wrong[name]}
+        if baseline is not None:
+            row[f"vs_{baseline}"] = median[baseline] / seconds
         rows.append(row)
         if rank == 0:
-            ratio = f"{row['vs_native']:8.2f}" if row["vs_native"] is not None else f"{'-':>8}"
+            ratio = f"{row[f'vs_{baseline}']:8.2f}" if baseline is not None else f"{'-':>8}"
             print(f"  {row['size']:>10} {count:>10} {str(dtype):>8} {op.value:>5} {name:>10} "
                   f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
                   flush=True)
@@ -157,17 +181,44 @@ def _across_ranks(comm, values, op):
 
 
 def _call(comm, name, data, out, op, args):
-    """A function running one allreduce of `data` into `out` (of `out` into itself, in place)."""
+    """A function running one allreduce of `data` into `out` (of `out` into itself, in place); with
+    --cupy, one that returns once the GPU has finished it."""
     send = MPI.IN_PLACE if args.inplace else data
+    if name == ROUNDTRIP:
+        return _roundtrip(comm, data, out, op, args.inplace)
     if name == NATIVE:
         native_op = MPI_OP[op]
+
+        def native():
+            comm.Allreduce(send, out, native_op)
+            if op is ReduceOp.AVG:
+                out[...] /= comm.Get_size()
+        call = native
+    else:
+        def call():
+            allreduce(send, out, op, comm=comm, algorithm=name, segment=args.segment)
+    if not args.cupy:
+        return call
+    import cupy
+
+    def until_done():
+        call()
+        cupy.cuda.get_current_stream().synchronize()
+    return until_done
+
+
+def _roundtrip(comm, data, out, op, inplace):
+    """Copy to host memory, the MPI library's Allreduce there, copy back: a CuPy program's plain way."""
+    host_in, host_out = np.empty(data.shape, data.dtype), np.empty(data.shape, data.dtype)
+    native_op = MPI_OP[op]
+
+    def roundtrip():
+        (out if inplace else data).get(out=host_in)
+        comm.Allreduce(host_in, host_out, native_op)
         if op is ReduceOp.AVG:
-            def native_average():
-                comm.Allreduce(send, out, native_op)
-                np.true_divide(out, comm.Get_size(), out=out)
-            return native_average
-        return lambda: comm.Allreduce(send, out, native_op)
-    return lambda: allreduce(send, out, op, comm=comm, algorithm=name, segment=args.segment)
+            host_out[...] /= comm.Get_size()
+        out.set(host_out)
+    return roundtrip
 
 
 def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float) -> dict:

@@ -24,6 +24,7 @@ from .errors import MismatchError, PeerFailure
 from .algorithms import ALGORITHMS
 from .pipeline import segmented
 from .schedule import INPUT, OUTPUT, OpKind, Schedule, blocking_steps, dataflow
+from .staging import staged
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +96,14 @@ def compile_schedule(schedule: Schedule, blocking: bool = False) -> CompiledSche
 
 @lru_cache(maxsize=256)
 def compiled(algorithm: str, nranks: int, rank: int, count: int, segment: int = 0,
-             window: int = 4) -> CompiledSchedule:
-    """The schedule to run, built once per shape. `segment` in elements; 0 means no segmenting."""
+             window: int = 4, staging: bool = False) -> CompiledSchedule:
+    """The schedule to run, built once per shape. `segment` in elements; 0 means no segmenting.
+    `staging`: messages go through host slots (staging.py), for device buffers an MPI cannot take."""
     schedule = ALGORITHMS[algorithm](nranks, rank, count)
     if segment:
         schedule = segmented(schedule, segment, window)
+    if staging:
+        schedule = staged(schedule, window)
     return compile_schedule(schedule, blocking=not segment)
 
 

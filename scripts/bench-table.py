@@ -27,7 +27,7 @@ def main() -> None:
         for name in algorithms:
             row = cells[name]
             text = f"{row['time_us']:.1f} µs · {row['busbw']:.2f} GB/s"
-            if name != "native" and row["vs_native"] is not None:
+            if name != "native" and row.get("vs_native") is not None:
                 text += f" · **{row['vs_native']:.2f}×**"
             texts.append(text)
         print(f"| {format_size(size)} | " + " | ".join(texts) + " |")

@@ -53,7 +53,7 @@ CASES = [
      "segment must be a positive number of bytes"),
     ("segment that is not a number", lambda: np.ones(4), None, {"segment": "1M"}, ValueError,
      "segment must be a positive number of bytes, got '1M'"),
-    ("a list instead of an array", lambda: [1.0, 2.0], None, {}, TypeError, "sendbuf must be a numpy array, got list"),
+    ("a list instead of an array", lambda: [1.0, 2.0], None, {}, TypeError, "sendbuf must be a numpy or CuPy array, got list"),
     ("overlapping buffers", "overlap", None, {}, ValueError, "overlap"),
 ]
 

@@ -1,0 +1,134 @@
+"""CuPy arrays through the same schedules: on a GPU, against native MPI's Allreduce of the same data
+on the host, on every rank, for every op and dtype; without a GPU, a clear error.
+
+The path is the one this process takes: staged through pinned host memory unless the MPI is
+CUDA-aware, direct otherwise; RINGTREE_CUDA_AWARE=0 or 1 forces one (scripts/gpu-check runs both
+where the MPI allows)."""
+
+import hashlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ringtree.allreduce import allreduce, iallreduce
+from ringtree.backend import cupy_backend
+from ringtree.cuda import cuda_support
+from ringtree.ops import ReduceOp
+
+from conftest import assert_everywhere, value_bits
+from test_allreduce import ALGORITHMS, DTYPES, NATIVE, OPS, _native_result, _wire, exact_inputs, supported
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+
+
+def _device_count() -> tuple[int, str]:
+    try:
+        return cupy.cuda.runtime.getDeviceCount(), ""
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        return 0, str(error)
+
+
+DEVICES, WHY_NONE = _device_count()
+needs_gpu = pytest.mark.skipif(DEVICES == 0, reason=f"no CUDA device ({WHY_NONE or 'none found'}): "
+                                                    "the GPU tests run on a machine with one (scripts/gpu-check)")
+# CuPy has no long double types.
+GPU_DTYPES = [dtype for dtype in DTYPES if dtype.char not in "gG"]
+
+
+def _on_this_rank_device(comm):
+    """Ranks sharing a machine share its GPUs round robin."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    cupy.cuda.Device(local.Get_rank() % DEVICES).use()
+    local.Free()
+
+
+def _check(comm, algorithm, count, cases):
+    failures, digests = [], []
+    for (op, kind), dtype, inplace in cases:
+        data = exact_inputs(kind, dtype, count, comm.Get_rank(), seed=2)
+        native = np.empty_like(_wire(data))
+        comm.Allreduce(_wire(data), native, NATIVE[kind])
+        expected = _native_result(comm, native, kind, dtype)
+        device = cupy.asarray(data)
+        if inplace:
+            result = allreduce(MPI.IN_PLACE, device, op, comm=comm, algorithm=algorithm)
+        else:
+            result = allreduce(device, op=op, comm=comm, algorithm=algorithm)
+            if not np.array_equal(device.get(), data):
+                failures.append(f"{kind.value} {dtype}: sendbuf was modified")
+        what = f"{algorithm} {count} {kind.value} {dtype} inplace={inplace}"
+        if not isinstance(result, cupy.ndarray) or result.dtype != dtype or result.shape != data.shape:
+            failures.append(f"{what}: result is {type(result).__name__} {result.dtype}{result.shape}")
+            continue
+        got = result.get()
+        if not np.array_equal(got, expected):
+            wrong = np.flatnonzero(got != expected)
+            failures.append(f"{what}: {wrong.size} elements differ from native, first at {wrong[:1]}")
+        digests.append(hashlib.sha256(value_bits(got)).digest())
+    everyone = comm.allgather(digests)
+    if any(d != everyone[0] for d in everyone):
+        failures.append(f"{algorithm} {count}: ranks disagree")
+    return failures
+
+
+@pytest.mark.mpi
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_op_and_dtype_on_the_gpu(comm, algorithm):
+    _on_this_rank_device(comm)
+    cases = [(op, dtype, inplace) for op in OPS for dtype in GPU_DTYPES if supported(op[1], dtype)
+             for inplace in (False, True)]
+    failures = []
+    for count in sorted({0, 1, comm.Get_size() + 1, 61}):
+        failures += _check(comm, algorithm, count, cases)
+    assert_everywhere(comm, failures)
+
+
+@pytest.mark.mpi
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_segmented_messages_on_the_gpu(comm, algorithm):
+    # 2**22 + 3 elements: segmented by the pipeline, so staging reuses its host slots many times.
+    _on_this_rank_device(comm)
+    sums = [((MPI.SUM, ReduceOp.SUM), np.dtype(t), i % 2 == 1) for i, t in enumerate(("float32", "int64", "float64"))]
+    assert_everywhere(comm, _check(comm, algorithm, (1 << 22) + 3, sums + [(("avg", ReduceOp.AVG), np.dtype("float64"),
+                                                                            False)]))
+
+
+@pytest.mark.mpi
+@needs_gpu
+def test_the_path_follows_the_mpi_and_the_setting(comm):
+    _on_this_rank_device(comm)
+    assert cupy_backend().staged == (not cuda_support().aware)
+
+
+@pytest.mark.mpi
+@needs_gpu
+def test_stream_order_is_kept(comm):
+    # Work queued on the current stream just before the call is what the call reduces, and work queued
+    # right after it sees the result: on a stream of the caller's, not the default one.
+    _on_this_rank_device(comm)
+    with cupy.cuda.Stream(non_blocking=True):
+        x = cupy.zeros(1 << 22, cupy.float64)  # every partial sum an exact integer
+        x += comm.Get_rank() + 1  # queued, perhaps not run, when allreduce starts
+        request = iallreduce(MPI.IN_PLACE, x, comm=comm)
+        y = request.wait() * 2
+        total = float(y.sum())
+    n = comm.Get_size()
+    assert_everywhere(comm, [] if total == n * (n + 1) * (1 << 22) else [f"sum {total}"])
+
+
+@pytest.mark.skipif(DEVICES > 0, reason="a CUDA device is present")
+def test_cupy_arrays_without_a_gpu_get_a_clear_error():
+    # Without a GPU CuPy cannot allocate, but an array over memory it does not own can exist.
+    host = np.arange(4, dtype=np.float32)
+    memory = cupy.cuda.UnownedMemory(host.ctypes.data, host.nbytes, host, device_id=0)
+    array = cupy.ndarray(host.shape, host.dtype, cupy.cuda.MemoryPointer(memory, 0))
+    rank = MPI.COMM_WORLD.Get_rank()
+    with pytest.raises(RuntimeError, match=rf"ringtree allreduce on rank {rank}: the arrays are CuPy arrays, "
+                                           r"but CUDA finds no usable device \(cuda"):
+        allreduce(array)
+    with pytest.raises(RuntimeError, match="finds no usable device"):
+        allreduce(MPI.IN_PLACE, array, "max")
+    assert np.array_equal(host, np.arange(4, dtype=np.float32))

@@ -1,0 +1,79 @@
+"""The staging pass (device buffers through host slots), checked without MPI and, under mpiexec,
+run by the engine against native MPI."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from mpi4py import MPI
+
+from ringtree.algorithms import ALGORITHMS
+from ringtree.allreduce import _plan, _start
+from ringtree.backend import NumpyBackend
+from ringtree.comm import comm_state
+from ringtree.ops import ReduceOp
+from ringtree.pipeline import segmented
+from ringtree.schedule import OpKind
+from ringtree.staging import RECV_SLOTS, SEND_SLOTS, is_host, staged
+from ringtree.verify import allreduce_schedules, verify_schedules
+
+
+@settings(max_examples=60, deadline=None)
+@given(algorithm=st.sampled_from(sorted(ALGORITHMS)), nranks=st.integers(1, 9), count=st.integers(0, 200),
+       segment=st.integers(0, 64), window=st.integers(1, 5))
+def test_staging_keeps_the_collective_and_bounds_host_memory(algorithm, nranks, count, segment, window):
+    plain = allreduce_schedules(algorithm, nranks, count)
+    if segment:
+        plain = [segmented(s, segment, 4) for s in plain]
+    through_host = [staged(s, window) for s in plain]
+    verify_schedules(through_host, blocking=not segment)
+    for before, after in zip(plain, through_host):
+        messages = [op for op in after.ops if op.peer is not None]
+        assert all(is_host(op.regions[0].buffer) for op in messages)
+        assert not any(is_host(ref.buffer) for op in after.ops if op.peer is None for ref in op.regions[:-1]
+                       if op.kind is OpKind.REDUCE)  # reductions stay on the device
+        assert [(op.kind, op.peer, op.regions[0].count) for op in messages] == \
+            [(op.kind, op.peer, op.regions[0].count) for op in before.ops if op.peer is not None]
+        largest = max((op.regions[0].count for op in messages), default=0)
+        for kind, name in ((OpKind.SEND, SEND_SLOTS), (OpKind.RECV, RECV_SLOTS)):
+            peers = {op.peer for op in messages if op.kind is kind}
+            assert dict(after.scratch).get(name, 0) == len(peers) * window * largest
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_staged_schedules_verify_on_1_to_16_ranks(algorithm):
+    for nranks in range(1, 17):
+        count = 2 * nranks + 1
+        verify_schedules([staged(s, 2) for s in allreduce_schedules(algorithm, nranks, count)])
+        verify_schedules([staged(segmented(s, 2, 4), 1) for s in allreduce_schedules(algorithm, nranks, count)],
+                         blocking=False)
+
+
+def test_staging_rejects_nonsense():
+    with pytest.raises(ValueError, match="must be positive"):
+        staged(allreduce_schedules("ring", 2, 10)[0], 0)
+
+
+class _StagedNumpy(NumpyBackend):
+    """numpy buffers run through the staged schedule, as CuPy's are for an MPI that is not
+    CUDA-aware: host slots, copies in and out, on a machine without a GPU."""
+
+    staged = True
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("segment", [None, 256])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_the_engine_runs_staged_schedules_like_native_mpi(algorithm, segment, inplace):
+    comm = MPI.COMM_WORLD
+    count = 1000 + 7 * comm.Get_size()
+    data = np.random.default_rng(comm.Get_rank()).integers(-1000, 1000, count).astype(np.int64)
+    expected = np.empty_like(data)
+    comm.Allreduce(data, expected, MPI.SUM)
+    result = data.copy() if inplace else np.full_like(data, -1)
+    source = result if inplace else data
+    state = comm_state(comm, None)
+    call = _plan(state, _StagedNumpy, algorithm, result, ReduceOp.SUM, segment)
+    assert any(is_host(name) for name, _ in call.plan.schedule.scratch) or comm.Get_size() == 1
+    _start(call, state, source, result, result, inplace, None).wait()
+    assert np.array_equal(result, expected)
