@@ -73,7 +73,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
                                                                           segment, check, timeout)
         program = call.in_place_program if inplace else call.program
-        if program is None or PROGRESS.requests or timeline.ACTIVE or timeout is not None:
+        if program is None or PROGRESS.requests or PROGRESS.queued or timeline.ACTIVE or timeout is not None:
             return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
         call.backend.before_messages()
         if (check is None and segment is None and not reliability.CHECK and known_op(op) is not None
@@ -97,7 +97,7 @@ def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     differ between such calls is checked: the arrays' layout, writability and overlap. Returns
     (call plan, state, program, source, target), or None for `_prepare` to check the call in full."""
     if (type(recvbuf) is not np.ndarray or segment is not None or check is not None or timeout is not None
-            or type(algorithm) is not str or PROGRESS.requests
+            or type(algorithm) is not str or PROGRESS.requests or PROGRESS.queued
             or (MPI.COMM_WORLD if comm is None else comm) is not LAST[0]):
         return None
     state = LAST[1]
@@ -190,7 +190,7 @@ def _plan(state, backend, algorithm, target, kind, segment) -> _CallPlan:
     log_choice(choice, target.nbytes, state.size, dtype, kind.value)
     plan = compiled(choice.algorithm, state.size, state.rank, target.size,
                     max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW, backend.staged)
-    lean = choice.blocking and plan.program is not None
+    lean = choice.blocking and plan.program is not None and not backend.asynchronous
     call = state.plans[backend, algorithm, target.size, dtype, kind, segment] = _CallPlan(
         plan, plan.program if lean else None, plan.in_place_program if lean else None, backend,
         backend.reducer(kind), kind is ReduceOp.AVG, dtype, [], _new_scratch(plan, backend, dtype) if lean else [],
@@ -206,7 +206,7 @@ def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
     call.backend.before_messages()
     scratch = call.take_scratch()
     execution = Execution(call.plan, [source, target, *scratch], inplace, call.reduce, call.backend.copy,
-                          state, lambda: call.finish(target, scratch, state.size), timeout)
+                          state, lambda: call.finish(target, scratch, state.size), timeout, call.backend.asynchronous)
     return Request(execution, recvbuf)
 
 

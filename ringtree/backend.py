@@ -34,6 +34,7 @@ class NumpyBackend:
     """numpy arrays on the host."""
 
     staged = False  # MPI takes these arrays as they are
+    asynchronous = False  # reductions and copies have finished when they return
 
     @staticmethod
     def owns(array) -> bool:
@@ -86,15 +87,24 @@ class NumpyBackend:
 
 
 class CupyBackend:
-    """CuPy arrays on the current CUDA device; reductions and copies run on the current stream.
+    """CuPy arrays on the current CUDA device.
+
+    Reductions and device copies are queued on the current stream: the call is
+    ordered on it, as NCCL's are on theirs. Copies between host and device
+    (staging) go on a stream of their own, after what the current stream holds
+    so far, so they overlap the reductions. Both hand the engine a CUDA event,
+    and the engine starts what depends on the work once the event is done: a
+    send after the copy or kernel that wrote its region, a reduction after the
+    copy of its received data, the next message into a host slot after the
+    copy that emptied it.
 
     `staged`: the MPI cannot take device memory, so the schedule stages every
-    message through host slots, here pinned (page-locked) memory, which CuPy's
-    pinned pool keeps for later calls. Else MPI reads and writes device memory
-    itself, and whatever it reads must be final first: the stream is
-    synchronised before the call's first message and after each reduction or
-    copy, so that no send reads a region a kernel is still writing.
+    message through host slots, here pinned (page-locked) memory from CuPy's
+    pinned pool. Else MPI reads and writes device memory itself: the current
+    stream is synchronised before the first message, so MPI reads finished data.
     """
+
+    asynchronous = True
 
     def __init__(self, staged: bool) -> None:
         import cupy
@@ -107,6 +117,7 @@ class CupyBackend:
             ReduceOp.LAND: cupy.logical_and, ReduceOp.LOR: cupy.logical_or, ReduceOp.LXOR: cupy.logical_xor,
             ReduceOp.BAND: cupy.bitwise_and, ReduceOp.BOR: cupy.bitwise_or, ReduceOp.BXOR: cupy.bitwise_xor,
         }
+        self.copy_streams: dict[int, object] = {}  # device id -> the stream staging copies go on
 
     def owns(self, array) -> bool:
         return isinstance(array, self.cupy.ndarray)
@@ -117,10 +128,7 @@ class CupyBackend:
 
     def before_messages(self) -> None:
         if not self.staged:
-            self.synchronize()
-
-    def synchronize(self) -> None:
-        self.cupy.cuda.get_current_stream().synchronize()
+            self.cupy.cuda.get_current_stream().synchronize()
 
     def empty_like(self, array):
         return self.cupy.empty_like(array)
@@ -135,24 +143,24 @@ class CupyBackend:
 
     def reducer(self, op: ReduceOp):
         ufunc = self.ufuncs[op]
-        if self.staged:
-            return lambda left, right, out: ufunc(left, right, out=out)
 
-        def reduce_and_wait(left, right, out):
+        def reduce(left, right, out):
             ufunc(left, right, out=out)
-            self.synchronize()
-        return reduce_and_wait
+            return self._recorded(self.cupy.cuda.get_current_stream())
+        return reduce
 
-    def copy(self, dst, src) -> None:
-        if type(dst) is np.ndarray:
-            src.get(out=dst)  # device to host: waits for the stream, so for the kernels that wrote src
-        elif type(src) is np.ndarray:
-            dst.set(src)
-            self.synchronize()  # src's slot may take the next message once this returns
-        else:
+    def copy(self, dst, src):
+        current = self.cupy.cuda.get_current_stream()
+        if type(dst) is not np.ndarray and type(src) is not np.ndarray:
             self.cupy.copyto(dst, src)
-            if not self.staged:
-                self.synchronize()
+            return self._recorded(current)
+        stream = self._copy_stream()
+        stream.wait_event(self._recorded(current))  # after the kernels that wrote src, or still read dst
+        if type(dst) is np.ndarray:
+            src.get(stream=stream, out=dst, blocking=False)
+        else:
+            dst.set(src, stream=stream)
+        return self._recorded(stream)
 
     def divide(self, output, nranks: int) -> None:
         self.cupy.true_divide(output, nranks, out=output)
@@ -164,6 +172,18 @@ class CupyBackend:
             return "same"
         overlap = a.data.ptr < b.data.ptr + b.nbytes and b.data.ptr < a.data.ptr + a.nbytes
         return "overlap" if overlap else None
+
+    def _copy_stream(self):
+        device = self.cupy.cuda.Device().id
+        stream = self.copy_streams.get(device)
+        if stream is None:
+            stream = self.copy_streams[device] = self.cupy.cuda.Stream(non_blocking=True)
+        return stream
+
+    def _recorded(self, stream):
+        event = self.cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return event
 
 
 class NoDevice(RuntimeError):

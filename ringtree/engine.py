@@ -208,19 +208,23 @@ BYTE = MPI.BYTE
 class Execution:
     """One rank's run of one collective."""
 
-    __slots__ = ("plan", "actions", "buffers", "reduce", "copy", "state", "comm", "seq", "tag", "finish",
-                 "timeout", "pending", "remaining", "done", "computes")
+    __slots__ = ("plan", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
+                 "finish", "timeout", "pending", "remaining", "done", "computes")
 
     def __init__(self, plan: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
-                 state, finish, timeout: float | None = None) -> None:
+                 state, finish, timeout: float | None = None, asynchronous: bool = False) -> None:
         """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `inplace`: input and
         output are the same memory; `state`: the communicator's CommState. Messages go as bytes:
-        [region, MPI.BYTE]. `timeout`: seconds without progress before a wait raises TimeoutError."""
+        [region, MPI.BYTE]. `timeout`: seconds without progress before a wait raises TimeoutError.
+        `asynchronous`: `reduce` and `copy` may return, instead of None, something whose `done` turns
+        true once the work they queued has finished (a CUDA event); the ops that depend on it wait
+        until then."""
         self.plan = plan
         self.actions = plan.in_place_actions if inplace else plan.actions
         self.buffers = buffers
         self.reduce = reduce
         self.copy = copy
+        self.asynchronous = asynchronous
         self.state = state
         self.comm = state.comm
         self.seq = state.calls
@@ -266,16 +270,19 @@ class Execution:
             action = actions[i]
             start = timeline.now() if tracing else 0
             if action is None:
-                pass  # in place: the input already is the output
+                queued = None  # in place: the input already is the output
             elif action[0] == "reduce":
                 (d, ds), (l, ls), (r, rs) = action[1:]
-                self.reduce(buffers[l][ls], buffers[r][rs], buffers[d][ds])
+                queued = self.reduce(buffers[l][ls], buffers[r][rs], buffers[d][ds])
             else:
                 (d, ds), (s, ss) = action[1:]
-                self.copy(buffers[d][ds], buffers[s][ss])
+                queued = self.copy(buffers[d][ds], buffers[s][ss])
             if tracing:
                 timeline.computed(self, i, start)
-            self._finished(i, ready)
+            if self.asynchronous and queued is not None:
+                PROGRESS.add_queued(queued, self, i)
+            else:
+                self._finished(i, ready)
 
     def _finished(self, i: int, ready: list[int]) -> None:
         self.remaining -= 1
@@ -285,8 +292,9 @@ class Execution:
             if pending[d] == 0:
                 ready.append(d)
 
-    def message_done(self, i: int) -> None:
-        if timeline.ACTIVE:
+    def op_done(self, i: int) -> None:
+        """A message, or a queued reduction or copy, has completed."""
+        if timeline.ACTIVE and self.actions[i][0] in ("send", "recv"):
             timeline.completed(self, i)
         ready: list[int] = []
         self._finished(i, ready)
@@ -307,15 +315,20 @@ class Progress:
         self.requests: list[MPI.Request] = []
         self.owners: list[tuple[Execution, int]] = []
         self.statuses: list[MPI.Status] = []  # Testsome fills them: the size of each message received
+        self.queued: list[tuple[object, Execution, int]] = []  # reductions and copies still running
 
     def add(self, request: MPI.Request, execution: Execution, op: int) -> None:
         self.requests.append(request)
         self.owners.append((execution, op))
 
+    def add_queued(self, work, execution: Execution, op: int) -> None:
+        self.queued.append((work, execution, op))
+
     def poll(self) -> bool:
-        """Handle the requests that completed, if any; say whether any had."""
+        """Handle the requests and queued work that completed, if any; say whether any had."""
+        finished_work = self.queued and self._poll_queued()
         if not self.requests:
-            return False
+            return bool(finished_work)
         try:
             finished = MPI.Request.Testsome(self.requests, self.statuses)
         except MPI.Exception as error:
@@ -342,8 +355,18 @@ class Progress:
             for i in sorted(finished, reverse=True):
                 del self.requests[i], owners[i]
         for execution, op in done:
-            execution.message_done(op)
+            execution.op_done(op)
         return True
+
+    def _poll_queued(self) -> bool:
+        done, running = [], []
+        for entry in self.queued:
+            (done if entry[0].done else running).append(entry)
+        if done:
+            self.queued = running
+            for _, execution, op in done:
+                execution.op_done(op)
+        return bool(done)
 
     def abandon(self, execution: Execution, error: Exception) -> Exception:
         """Give up on `execution`: cancel its receives (and its sends, when a peer failed: else MPI
@@ -363,6 +386,7 @@ class Progress:
         keep = [k for k, (owner, _) in enumerate(self.owners) if owner is not execution]
         self.requests = [self.requests[k] for k in keep]
         self.owners = [self.owners[k] for k in keep]
+        self.queued = [entry for entry in self.queued if entry[1] is not execution]
         execution.state.broken = error
         return error
 
@@ -374,8 +398,8 @@ class Progress:
         idle = 0
         last_progress = next_answer = time.perf_counter()
         while not execution.done:
-            if not self.requests:
-                raise RuntimeError("ringtree engine: a collective has ops left but no message in flight")
+            if not self.requests and not self.queued:
+                raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
             if self.poll():
                 idle = 0
                 if timeout is not None:

@@ -1,6 +1,9 @@
 """The staging pass (device buffers through host slots), checked without MPI and, under mpiexec,
 run by the engine against native MPI."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -60,11 +63,51 @@ class _StagedNumpy(NumpyBackend):
     staged = True
 
 
+_WORKER = ThreadPoolExecutor(1)  # one thread runs the queued work in order, as a CUDA stream does
+
+
+class _Queued:
+    def __init__(self, future):
+        self.future = future
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+
+def _later(work, *args):
+    def run():
+        time.sleep(2e-4)  # long enough that anything started before the work finished reads stale data
+        work(*args)
+    return _Queued(_WORKER.submit(run))
+
+
+class _QueuedNumpy(NumpyBackend):
+    """Reductions and copies that return before they have run, as CuPy's do: the engine must start
+    what depends on them only once they are done."""
+
+    asynchronous = True
+
+    @staticmethod
+    def reducer(op):
+        ufunc = NumpyBackend.reducer(op)
+        return lambda left, right, out: _later(ufunc, left, right, out)
+
+    @staticmethod
+    def copy(dst, src):
+        return _later(np.copyto, dst, src)
+
+
+class _QueuedStagedNumpy(_QueuedNumpy):
+    staged = True
+
+
 @pytest.mark.mpi
+@pytest.mark.parametrize("backend, inplace", [(_StagedNumpy, False), (_QueuedNumpy, True),
+                                              (_QueuedStagedNumpy, False), (_QueuedStagedNumpy, True)])
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 @pytest.mark.parametrize("segment", [None, 256])
-@pytest.mark.parametrize("inplace", [False, True])
-def test_the_engine_runs_staged_schedules_like_native_mpi(algorithm, segment, inplace):
+def test_the_engine_runs_staged_and_queued_work_like_native_mpi(backend, inplace, algorithm, segment):
     comm = MPI.COMM_WORLD
     count = 1000 + 7 * comm.Get_size()
     data = np.random.default_rng(comm.Get_rank()).integers(-1000, 1000, count).astype(np.int64)
@@ -73,7 +116,7 @@ def test_the_engine_runs_staged_schedules_like_native_mpi(algorithm, segment, in
     result = data.copy() if inplace else np.full_like(data, -1)
     source = result if inplace else data
     state = comm_state(comm, None)
-    call = _plan(state, _StagedNumpy, algorithm, result, ReduceOp.SUM, segment)
-    assert any(is_host(name) for name, _ in call.plan.schedule.scratch) or comm.Get_size() == 1
+    call = _plan(state, backend, algorithm, result, ReduceOp.SUM, segment)
+    assert any(is_host(name) for name, _ in call.plan.schedule.scratch) == (backend.staged and comm.Get_size() > 1)
     _start(call, state, source, result, result, inplace, None).wait()
     assert np.array_equal(result, expected)
