@@ -231,6 +231,8 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
         if not sendbuf.flags.c_contiguous:
             raise _not_contiguous("sendbuf", sendbuf)
         check_dtype(sendbuf.dtype, kind)
+        if backend is not NumpyBackend:
+            backend.check(sendbuf, "sendbuf", kind)
         if recvbuf is None:
             return sendbuf, None, kind, backend, False
         if recvbuf is sendbuf:
@@ -244,6 +246,8 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
                 raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
             if recvbuf.shape != sendbuf.shape:
                 raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
+            if backend is not NumpyBackend:
+                backend.check(recvbuf, "recvbuf", kind)
             aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
             if aliasing == "overlap":
                 raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")

@@ -118,9 +118,25 @@ class CupyBackend:
             ReduceOp.BAND: cupy.bitwise_and, ReduceOp.BOR: cupy.bitwise_or, ReduceOp.BXOR: cupy.bitwise_xor,
         }
         self.copy_streams: dict[int, object] = {}  # device id -> the stream staging copies go on
+        self.reducible: set[tuple[ReduceOp, np.dtype]] = set()  # pairs check() has seen CuPy reduce
 
     def owns(self, array) -> bool:
         return isinstance(array, self.cupy.ndarray)
+
+    def check(self, array, name: str, op: ReduceOp) -> None:
+        """Raise ValueError unless `array` is on the current device, TypeError unless CuPy reduces its
+        dtype with `op` (tried once per pair, on one element, before any message)."""
+        current = self.cupy.cuda.Device().id
+        if array.device.id != current:
+            raise ValueError(f"{name} is on device {array.device.id} but the current device is {current}: "
+                             f"call under `with cupy.cuda.Device({array.device.id}):`")
+        if (op, array.dtype) not in self.reducible:
+            try:
+                one = self.cupy.zeros(1, array.dtype)
+                self.ufuncs[op](one, one, out=one)
+            except Exception as error:
+                raise TypeError(f"CuPy cannot reduce {array.dtype} with {op.value}: {error}") from None
+            self.reducible.add((op, array.dtype))
 
     @staticmethod
     def writeable(array) -> bool:

@@ -119,6 +119,41 @@ def test_stream_order_is_kept(comm):
     assert_everywhere(comm, [] if total == n * (n + 1) * (1 << 22) else [f"sum {total}"])
 
 
+@pytest.mark.mpi
+@needs_gpu
+def test_bad_device_arrays_are_refused_before_any_message(comm):
+    _on_this_rank_device(comm)
+    rank = comm.Get_rank()
+    x = cupy.arange(20, dtype=cupy.float32)
+    cases = [
+        (lambda: allreduce(x, np.zeros(20, np.float32), comm=comm), TypeError,
+         "sendbuf is a cupy.ndarray but recvbuf is a numpy.ndarray"),
+        (lambda: allreduce(x[::2], comm=comm), ValueError, "sendbuf is not C-contiguous"),
+        (lambda: allreduce(x, cupy.zeros(20, cupy.float64), comm=comm), TypeError, "recvbuf has dtype float64"),
+        (lambda: allreduce(x[:10], x[5:15], comm=comm), ValueError, "overlap"),
+        (lambda: allreduce(x, op=MPI.BAND, comm=comm), TypeError, "op band is not defined for dtype float32"),
+    ]
+    failures = []
+    for call, error, text in cases:
+        try:
+            call()
+            failures.append(f"no error for {text}")
+        except error as raised:
+            if f"ringtree allreduce on rank {rank}: " not in str(raised) or text not in str(raised):
+                failures.append(f"{text!r} not in {raised}")
+    if not cupy.array_equal(x, cupy.arange(20, dtype=cupy.float32)):
+        failures.append("x was modified")
+    if DEVICES > 1:
+        with cupy.cuda.Device((x.device.id + 1) % DEVICES):
+            try:
+                allreduce(x, comm=comm)
+                failures.append("no error for an array on another device")
+            except ValueError as raised:
+                if "but the current device is" not in str(raised):
+                    failures.append(str(raised))
+    assert_everywhere(comm, failures)
+
+
 @pytest.mark.skipif(DEVICES > 0, reason="a CUDA device is present")
 def test_cupy_arrays_without_a_gpu_get_a_clear_error():
     # Without a GPU CuPy cannot allocate, but an array over memory it does not own can exist.
