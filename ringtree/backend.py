@@ -212,6 +212,7 @@ def cupy_backend() -> CupyBackend:
     import cupy
 
     from .cuda import cuda_support
+    from .selector import log
 
     try:
         devices = cupy.cuda.runtime.getDeviceCount()
@@ -219,7 +220,9 @@ def cupy_backend() -> CupyBackend:
         raise NoDevice(f"the arrays are CuPy arrays, but CUDA finds no usable device ({error})") from None
     if devices == 0:
         raise NoDevice("the arrays are CuPy arrays, but CUDA finds no device")
-    return CupyBackend(staged=not cuda_support().aware)
+    staged = not cuda_support().aware
+    log.info("CuPy arrays go %s", "through pinned host memory (staged)" if staged else "to MPI directly")
+    return CupyBackend(staged)
 
 
 def backend_for(array):
