@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.cupy:
         try:
             cupy_backend()
+        except ImportError:
+            raise SystemExit("--cupy needs CuPy: pip install cupy-cuda13x (or cupy-cuda12x)") from None
         except NoDevice as error:
             raise SystemExit(f"--cupy: {error}") from None
     if args.cupy and NATIVE in algorithms and not cuda_support().aware:
