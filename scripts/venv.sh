@@ -12,10 +12,14 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 stamp="$venv/.ringtree-installed"
+extras="test,$mpi"
+# CuPy, where its wheels exist, in the MPICH venv: without a GPU its arrays must get a clear error
+# (tests/test_gpu.py); with one, the GPU tests run.
+[ "$mpi" = mpich ] && [ "$(uname -sm)" = "Linux x86_64" ] && extras="$extras,cuda13"
 if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ]; then
-    echo "Installing ringtree[test,$mpi] into $venv (first use takes a minute)" >&2
+    echo "Installing ringtree[$extras] into $venv (first use takes a minute)" >&2
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test,$mpi]"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[$extras]"
     touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
