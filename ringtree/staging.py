@@ -40,16 +40,17 @@ def staged(schedule: Schedule, window: int) -> Schedule:
     size = max((op.regions[0].count for op in messages), default=0)
     channels: dict[tuple[OpKind, int], int] = {}  # channel -> its index among its kind's channels
     for op in messages:
-        channels.setdefault((op.kind, op.peer), sum(kind is op.kind for kind, _ in channels))
+        if (op.kind, op.peer) not in channels:
+            channels[op.kind, op.peer] = sum(kind is op.kind for kind, _ in channels)
     for kind, name in ((OpKind.SEND, SEND_SLOTS), (OpKind.RECV, RECV_SLOTS)):
         if any(k is kind for k, _ in channels):
             b.scratch(name, sum(k is kind for k, _ in channels) * window * size)
-    sent = dict.fromkeys(channels, 0)  # messages so far per channel
+    taken = dict.fromkeys(channels, 0)  # slots taken so far, per channel
 
     def slot(op, region: Ref) -> Ref:
         channel = (op.kind, op.peer)
-        first = (channels[channel] * window + sent[channel] % window) * size
-        sent[channel] += 1
+        first = (channels[channel] * window + taken[channel] % window) * size
+        taken[channel] += 1
         return Ref(SEND_SLOTS if op.kind is OpKind.SEND else RECV_SLOTS, first, region.count)
 
     for op in schedule.ops:
