@@ -75,7 +75,6 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         program = call.in_place_program if inplace else call.program
         if program is None or PROGRESS.requests or PROGRESS.queued or timeline.ACTIVE or timeout is not None:
             return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
-        call.backend.before_messages()
         if (check is None and segment is None and not reliability.CHECK and known_op(op) is not None
                 and call.backend is NumpyBackend and call.program is not None and call.in_place_program is not None):
             state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
@@ -148,10 +147,10 @@ class _CallPlan(NamedTuple):
         """Scratch buffers a finished call left, or new ones."""
         return self.free_scratch.pop() if self.free_scratch else _new_scratch(self.plan, self.backend, self.dtype)
 
-    def finish(self, target, scratch: list, nranks: int) -> None:
+    def finish(self, target, scratch: list, nranks: int, divide) -> None:
         """After a call's last op: divide for avg, and keep the scratch for the next call."""
         if self.average:
-            self.backend.divide(target, nranks)
+            divide(target, nranks)
         self.free_scratch.append(scratch)
 
 
@@ -203,10 +202,10 @@ def _new_scratch(plan: CompiledSchedule, backend, dtype) -> list:
 
 
 def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
-    call.backend.before_messages()
+    reduce, copy, divide = call.backend.bind(call.reduce)
     scratch = call.take_scratch()
-    execution = Execution(call.plan, [source, target, *scratch], inplace, call.reduce, call.backend.copy,
-                          state, lambda: call.finish(target, scratch, state.size), timeout, call.backend.asynchronous)
+    execution = Execution(call.plan, [source, target, *scratch], inplace, reduce, copy, state,
+                          lambda: call.finish(target, scratch, state.size, divide), timeout, call.backend.asynchronous)
     return Request(execution, recvbuf)
 
 

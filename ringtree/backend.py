@@ -44,9 +44,10 @@ class NumpyBackend:
     def writeable(array: np.ndarray) -> bool:
         return array.flags.writeable
 
-    @staticmethod
-    def before_messages() -> None:
-        """What must happen before MPI reads the call's input: nothing, on the host."""
+    @classmethod
+    def bind(cls, reduce):
+        """(reduce, copy, divide) for one call started now; on the host, the same for every call."""
+        return reduce, cls.copy, cls.divide
 
     @staticmethod
     def empty_like(array: np.ndarray) -> np.ndarray:
@@ -89,18 +90,19 @@ class NumpyBackend:
 class CupyBackend:
     """CuPy arrays on the current CUDA device.
 
-    Reductions and device copies are queued on the current stream: the call is
-    ordered on it, as NCCL's are on theirs. Copies between host and device
-    (staging) go on a stream of their own, after what the current stream holds
-    so far, so they overlap the reductions. Both hand the engine a CUDA event,
-    and the engine starts what depends on the work once the event is done: a
-    send after the copy or kernel that wrote its region, a reduction after the
-    copy of its received data, the next message into a host slot after the
-    copy that emptied it.
+    A call is ordered on the stream that is current when it starts, as NCCL's
+    are on the stream they are given: its reductions and device copies go on
+    that stream, wherever its later ops are issued from. Copies between host
+    and device (staging) go on a stream of their own, after the work of the
+    call's stream, so they overlap the reductions. Both hand the engine a CUDA
+    event, and the engine starts what depends on the work once the event is
+    done: a send after the copy or kernel that wrote its region, a reduction
+    after the copy of its received data, the next message into a host slot
+    after the copy that emptied it.
 
     `staged`: the MPI cannot take device memory, so the schedule stages every
     message through host slots, here pinned (page-locked) memory from CuPy's
-    pinned pool. Else MPI reads and writes device memory itself: the current
+    pinned pool. Else MPI reads and writes device memory itself: the call's
     stream is synchronised before the first message, so MPI reads finished data.
     """
 
@@ -142,10 +144,6 @@ class CupyBackend:
     def writeable(array) -> bool:
         return True  # CuPy has no read-only arrays
 
-    def before_messages(self) -> None:
-        if not self.staged:
-            self.cupy.cuda.get_current_stream().synchronize()
-
     def empty_like(self, array):
         return self.cupy.empty_like(array)
 
@@ -158,28 +156,40 @@ class CupyBackend:
         return np.frombuffer(memory, dtype, count)
 
     def reducer(self, op: ReduceOp):
-        ufunc = self.ufuncs[op]
+        return self.ufuncs[op]  # bind() puts it on a call's stream
+
+    def bind(self, ufunc):
+        """(reduce, copy, divide) for one call, on the stream current now."""
+        cupy, recorded = self.cupy, self._recorded
+        stream = cupy.cuda.get_current_stream()
+        transfers = self._copy_stream()
+        if self.staged:
+            transfers.wait_event(recorded(stream))  # the caller's work on its input comes first
+        else:
+            stream.synchronize()  # MPI reads the input itself
 
         def reduce(left, right, out):
-            ufunc(left, right, out=out)
-            return self._recorded(self.cupy.cuda.get_current_stream())
-        return reduce
+            with stream:
+                ufunc(left, right, out=out)
+            return recorded(stream)
 
-    def copy(self, dst, src):
-        current = self.cupy.cuda.get_current_stream()
-        if type(dst) is not np.ndarray and type(src) is not np.ndarray:
-            self.cupy.copyto(dst, src)
-            return self._recorded(current)
-        stream = self._copy_stream()
-        stream.wait_event(self._recorded(current))  # after the kernels that wrote src, or still read dst
-        if type(dst) is np.ndarray:
-            src.get(stream=stream, out=dst, blocking=False)
-        else:
-            dst.set(src, stream=stream)
-        return self._recorded(stream)
+        def copy(dst, src):
+            if type(dst) is not np.ndarray and type(src) is not np.ndarray:
+                with stream:
+                    cupy.copyto(dst, src)
+                return recorded(stream)
+            transfers.wait_event(recorded(stream))  # after the kernels that wrote src, or still read dst
+            if type(dst) is np.ndarray:
+                src.get(stream=transfers, out=dst, blocking=False)
+            else:
+                dst.set(src, stream=transfers)
+            return recorded(transfers)
 
-    def divide(self, output, nranks: int) -> None:
-        self.cupy.true_divide(output, nranks, out=output)
+        def divide(output, nranks: int) -> None:
+            with stream:
+                cupy.true_divide(output, nranks, out=output)
+
+        return reduce, copy, divide
 
     @staticmethod
     def aliasing(a, b) -> str | None:

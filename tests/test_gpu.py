@@ -106,17 +106,19 @@ def test_the_path_follows_the_mpi_and_the_setting(comm):
 @pytest.mark.mpi
 @needs_gpu
 def test_stream_order_is_kept(comm):
-    # Work queued on the current stream just before the call is what the call reduces, and work queued
-    # right after it sees the result: on a stream of the caller's, not the default one.
+    # Work queued on the caller's stream just before the call is what the call reduces, and work queued
+    # on it after the call sees the result, though the call is waited for under another stream.
     _on_this_rank_device(comm)
-    with cupy.cuda.Stream(non_blocking=True):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
         x = cupy.zeros(1 << 22, cupy.float64)  # every partial sum an exact integer
-        x += comm.Get_rank() + 1  # queued, perhaps not run, when allreduce starts
-        request = iallreduce(MPI.IN_PLACE, x, comm=comm)
-        y = request.wait() * 2
-        total = float(y.sum())
+        x += comm.Get_rank() + 1  # queued, perhaps not run, when the call starts
+        request = iallreduce(MPI.IN_PLACE, x, "avg", comm=comm)
+    request.wait()  # its last ops, avg's division among them, are issued here
+    with stream:
+        total = float((x * 2).sum())
     n = comm.Get_size()
-    assert_everywhere(comm, [] if total == n * (n + 1) * (1 << 22) else [f"sum {total}"])
+    assert_everywhere(comm, [] if total == (n + 1) * (1 << 22) else [f"sum {total}"])
 
 
 @pytest.mark.mpi
