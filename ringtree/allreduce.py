@@ -75,8 +75,9 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         program = call.in_place_program if inplace else call.program
         if program is None or PROGRESS.requests or PROGRESS.queued or timeline.ACTIVE or timeout is not None:
             return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
-        if (check is None and segment is None and not reliability.CHECK and known_op(op) is not None
-                and call.backend is NumpyBackend and call.program is not None and call.in_place_program is not None):
+        # Here the plan is a lean one, so it has both programs and a numpy backend (the only one
+        # that is not asynchronous), as a repeat needs.
+        if check is None and segment is None and not reliability.CHECK and known_op(op) is not None:
             state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
     # Small, and nothing else in flight to progress meanwhile: run it straight through.
     try:
@@ -198,7 +199,8 @@ def _plan(state, backend, algorithm, target, kind, segment) -> _CallPlan:
 
 
 def _new_scratch(plan: CompiledSchedule, backend, dtype) -> list:
-    return [(backend.host_empty if is_host(name) else backend.empty)(size, dtype) for name, size in plan.schedule.scratch]
+    return [(backend.host_empty if is_host(name) else backend.empty)(size, dtype)
+            for name, size in plan.schedule.scratch]
 
 
 def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:

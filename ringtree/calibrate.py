@@ -21,8 +21,8 @@ twice: with full-duplex ports, and with one port per rank for both directions
 (where, as over shared memory, the processors at both ends copy a message's
 bytes, so a rank's send and receive do not overlap), each with the eager limit
 that fits best; the better one is kept. The file keeps the primitives, both
-fits and the measurements; the simulator uses the better fit. Timing is bench's: turns in shuffled order, medians of the slower
-rank. Other ranks wait.
+fits and the measurements; the simulator uses the better fit. Timing is
+bench's: turns in shuffled order, medians of the slower rank. Other ranks wait.
 """
 
 from __future__ import annotations

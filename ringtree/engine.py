@@ -340,7 +340,7 @@ class Progress:
                 raise
             raise self.abandon(execution, translated) from None
         if not finished:
-            return False
+            return bool(finished_work)
         owners = self.owners
         done = [owners[i] for i in finished]
         for (execution, op), status in zip(done, self.statuses):

@@ -10,9 +10,9 @@ libraries switch from an eager protocol to a rendezvous (a handshake first)
 above some size, messages of more than `eager_limit` bytes may take
 `alpha_rendezvous` instead of α. With `duplex=False` a rank has one port for
 both directions, as where the processors at both ends copy a message over
-shared memory: a rank then sends or receives, not both at once. An op is posted or started once its dependencies have finished and,
-for a message, once the message before it on its channel was posted: as the
-engine does. Messages and reductions waiting for a port or the processor get it
+shared memory: a rank then sends or receives, not both at once. An op is
+posted or started once its dependencies have finished and, for a message,
+once the message before it on its channel was posted: as the engine does. Messages and reductions waiting for a port or the processor get it
 in the order they became ready, ties in schedule order.
 
 The schedules are the engine's own (segmented when `segment` is given), so
