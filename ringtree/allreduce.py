@@ -19,7 +19,7 @@ from .comm import LAST, comm_state
 from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
 from .errors import MismatchError, PeerFailure
 from .ops import ReduceOp, check_dtype, known_op, parse_op
-from .selector import WINDOW, log_choice, select
+from .selector import WINDOW, gpu_host_max_bytes, log_choice, select
 from .staging import is_host
 
 __all__ = ["allreduce", "iallreduce", "Request"]
@@ -28,21 +28,30 @@ __all__ = ["allreduce", "iallreduce", "Request"]
 class Request:
     """A collective in flight. `wait()` returns the result array; `test()` says whether it is done."""
 
-    __slots__ = ("_execution", "_result")
+    __slots__ = ("_execution", "_result", "_then")
 
-    def __init__(self, execution: Execution, result) -> None:
+    def __init__(self, execution: Execution, result, then=None) -> None:
         self._execution = execution
         self._result = result
+        self._then = then  # what is left to do once the execution is done
 
     def test(self) -> bool:
         if not self._execution.done:
             PROGRESS.poll()
+        if self._execution.done and self._then is not None:
+            self._finish()
         return self._execution.done
 
     def wait(self):
         if not self._execution.done:
             PROGRESS.wait(self._execution)
+        if self._then is not None:
+            self._finish()
         return self._result
+
+    def _finish(self) -> None:
+        then, self._then = self._then, None
+        then()
 
     # mpi4py's spelling, for code written against MPI.Request.
     def Test(self) -> bool:
@@ -72,6 +81,8 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     else:
         call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
                                                                           segment, check, timeout)
+        if call is None:
+            return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, True)
         program = call.in_place_program if inplace else call.program
         if program is None or PROGRESS.requests or PROGRESS.queued or timeline.ACTIVE or timeout is not None:
             return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
@@ -127,7 +138,27 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
                timeout=None) -> Request:
     """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
     waiting on it; in check mode, the ranks agree before this returns)."""
-    return _start(*_prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout))
+    call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
+                                                                      segment, check, timeout)
+    if call is None:
+        return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+    return _start(call, state, source, target, recvbuf, inplace, timeout)
+
+
+def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
+    """A small staged CuPy call: copy the input to pinned host memory, allreduce it there as a numpy
+    call would (the same messages as the per-message staging), and queue the copy of the result into
+    `target` on the stream current at the start. Returns recvbuf, or the Request when not `blocking`."""
+    backend = _array_backend(target, "recvbuf")
+    stream = backend.cupy.cuda.get_current_stream()
+    host = backend.to_host(source)
+    arguments = dict(comm=comm, algorithm=algorithm, segment=segment, check=check, timeout=timeout)
+    if blocking:
+        allreduce(MPI.IN_PLACE, host, op, **arguments)
+        backend.to_device(host, target, stream)
+        return recvbuf
+    request = iallreduce(MPI.IN_PLACE, host, op, **arguments)
+    return Request(request._execution, recvbuf, lambda: backend.to_device(host, target, stream))
 
 
 class _CallPlan(NamedTuple):
@@ -173,6 +204,8 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
     dtype = target.dtype
+    if backend.staged and target.nbytes <= gpu_host_max_bytes():
+        return None, state, source, target, recvbuf, inplace, timeout  # for _through_host
     call = state.plans.get((backend, algorithm, target.size, dtype, kind, segment))
     if call is None:
         call = _plan(state, backend, algorithm, target, kind, segment)

@@ -8,6 +8,7 @@ device, direct to a CUDA-aware MPI or staged through pinned host memory
 from __future__ import annotations
 
 import functools
+from collections import deque
 
 import numpy as np
 
@@ -120,6 +121,7 @@ class CupyBackend:
             ReduceOp.BAND: cupy.bitwise_and, ReduceOp.BOR: cupy.bitwise_or, ReduceOp.BXOR: cupy.bitwise_xor,
         }
         self.copy_streams: dict[int, object] = {}  # device id -> the stream staging copies go on
+        self.copying: deque = deque()  # (event, host array): copies to the device not known to be done
         self.reducible: set[tuple[ReduceOp, np.dtype]] = set()  # pairs check() has seen CuPy reduce
 
     def owns(self, array) -> bool:
@@ -157,6 +159,21 @@ class CupyBackend:
 
     def reducer(self, op: ReduceOp):
         return self.ufuncs[op]  # bind() puts it on a call's stream
+
+    def to_host(self, array) -> np.ndarray:
+        """A pinned host copy of `array`, made after the work queued on the current stream."""
+        host = self.host_empty(array.size, array.dtype)
+        if array.size:
+            array.get(out=host)  # on the current stream, and waits for it
+        return host
+
+    def to_device(self, host: np.ndarray, array, stream) -> None:
+        """Queue the copy of `host` into `array` on `stream`; `host` is kept until the copy is done."""
+        while self.copying and self.copying[0][0].done:
+            self.copying.popleft()  # its pinned memory goes back to CuPy's pool
+        if array.size:
+            array.set(host, stream=stream)
+            self.copying.append((self._recorded(stream), host))
 
     def bind(self, ufunc):
         """(reduce, copy, divide) for one call, on the stream current now."""

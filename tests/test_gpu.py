@@ -3,7 +3,8 @@ on the host, on every rank, for every op and dtype; without a GPU, a clear error
 
 The path is the one this process takes: staged through pinned host memory unless the MPI is
 CUDA-aware, direct otherwise; RINGTREE_CUDA_AWARE=0 or 1 forces one (scripts/gpu-check runs both
-where the MPI allows)."""
+where the MPI allows). Staged calls up to RINGTREE_GPU_HOST_MAX bytes reduce a host copy of the
+whole array; the tests run small calls both ways."""
 
 import hashlib
 
@@ -13,6 +14,7 @@ from mpi4py import MPI
 
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.backend import cupy_backend
+from ringtree.comm import comm_state
 from ringtree.cuda import cuda_support
 from ringtree.ops import ReduceOp
 
@@ -34,6 +36,18 @@ needs_gpu = pytest.mark.skipif(DEVICES == 0, reason=f"no CUDA device ({WHY_NONE 
                                                     "the GPU tests run on a machine with one (scripts/gpu-check)")
 # CuPy has no long double types.
 GPU_DTYPES = [dtype for dtype in DTYPES if dtype.char not in "gG"]
+
+
+# Staged calls of small arrays: through a host copy of the whole array (the default up to 1 MiB), or
+# staged message by message like large ones ("0").
+small_calls = pytest.mark.parametrize("host_max", ["default", "0"], ids=["through-host", "per-message"])
+
+
+def _small_calls(monkeypatch, host_max):
+    if host_max == "default":
+        monkeypatch.delenv("RINGTREE_GPU_HOST_MAX", raising=False)
+    else:
+        monkeypatch.setenv("RINGTREE_GPU_HOST_MAX", host_max)
 
 
 def _on_this_rank_device(comm):
@@ -75,7 +89,9 @@ def _check(comm, algorithm, count, cases):
 @pytest.mark.mpi
 @needs_gpu
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_every_op_and_dtype_on_the_gpu(comm, algorithm):
+@small_calls
+def test_every_op_and_dtype_on_the_gpu(comm, algorithm, host_max, monkeypatch):
+    _small_calls(monkeypatch, host_max)
     _on_this_rank_device(comm)
     cases = [(op, dtype, inplace) for op in OPS for dtype in GPU_DTYPES if supported(op[1], dtype)
              for inplace in (False, True)]
@@ -105,20 +121,37 @@ def test_the_path_follows_the_mpi_and_the_setting(comm):
 
 @pytest.mark.mpi
 @needs_gpu
-def test_stream_order_is_kept(comm):
+@small_calls
+def test_small_staged_calls_go_through_a_host_copy_up_to_the_limit(comm, host_max, monkeypatch):
+    _small_calls(monkeypatch, host_max)
+    _on_this_rank_device(comm)
+    # A size no other test uses: whether a plan for device arrays of it exists says which way it went.
+    x = allreduce(cupy.ones(1237, cupy.int16), comm=comm)
+    planned = any(key[0] is cupy_backend() and key[2] == 1237 for key in comm_state(comm).plans)
+    through_host = cupy_backend().staged and host_max == "default"
+    failures = [] if planned != through_host else [f"device plan: {planned}, through the host expected: {through_host}"]
+    if not cupy.array_equal(x, cupy.full(1237, comm.Get_size(), cupy.int16)):
+        failures.append("wrong sum")
+    assert_everywhere(comm, failures)
+
+
+@pytest.mark.mpi
+@needs_gpu
+@pytest.mark.parametrize("count", [1000, 1 << 22], ids=["small", "large"])
+def test_stream_order_is_kept(comm, count):
     # Work queued on the caller's stream just before the call is what the call reduces, and work queued
     # on it after the call sees the result, though the call is waited for under another stream.
     _on_this_rank_device(comm)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        x = cupy.zeros(1 << 22, cupy.float64)  # every partial sum an exact integer
+        x = cupy.zeros(count, cupy.float64)  # every partial sum an exact integer
         x += comm.Get_rank() + 1  # queued, perhaps not run, when the call starts
         request = iallreduce(MPI.IN_PLACE, x, "avg", comm=comm)
     request.wait()  # its last ops, avg's division among them, are issued here
     with stream:
         total = float((x * 2).sum())
     n = comm.Get_size()
-    assert_everywhere(comm, [] if total == (n + 1) * (1 << 22) else [f"sum {total}"])
+    assert_everywhere(comm, [] if total == (n + 1) * count else [f"sum {total}"])
 
 
 @pytest.mark.mpi

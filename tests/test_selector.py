@@ -56,6 +56,17 @@ def test_explicit_algorithm_and_segment_win(table, monkeypatch):
         select(8, 2)
 
 
+def test_the_gpu_host_limit_has_a_default_and_takes_a_number_of_bytes(monkeypatch):
+    monkeypatch.delenv("RINGTREE_GPU_HOST_MAX", raising=False)
+    assert selector.gpu_host_max_bytes() == selector.GPU_HOST_MAX_BYTES
+    monkeypatch.setenv("RINGTREE_GPU_HOST_MAX", "4096")
+    assert selector.gpu_host_max_bytes() == 4096
+    for bad in ("1MiB", "-1"):
+        monkeypatch.setenv("RINGTREE_GPU_HOST_MAX", bad)
+        with pytest.raises(ValueError, match=f"RINGTREE_GPU_HOST_MAX={bad!r} is not a number of bytes"):
+            selector.gpu_host_max_bytes()
+
+
 def test_the_identity_changes_with_the_table_and_the_setting(table, monkeypatch):
     first = selector.identity()
     selector.use_table(_table([{"ranks": [1, 9], "bytes": [0, None], "algorithm": "tree", "segment": 0}]))
