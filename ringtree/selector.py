@@ -46,9 +46,10 @@ BLOCKING_MAX_BYTES_OTHERWISE = 256 << 10
 # A staged CuPy call (MPI not CUDA-aware) up to this size copies its whole input to pinned host
 # memory, reduces it there as a numpy call would, and copies the result back: two copies in all,
 # where the per-message staging takes two per message and a kernel per reduction. Measured on one
-# H200 shared by 2 ranks (MPICH wheel): per-message staging took 2.2-4x the round trip's time up
-# to 128 KiB, was even at 1 MiB and ahead from 2 MiB. RINGTREE_GPU_HOST_MAX (bytes) overrides it.
-GPU_HOST_MAX_BYTES = 1 << 20
+# H200 shared by 2 ranks (MPICH wheel, 16 host cores), as busbw against copy + MPI_Allreduce + copy:
+# whole copy 1.3-2.0x from 256 KiB to 16 MiB, per message 0.4-1.7x; at 32 MiB 2.8x against 3.1-3.4x.
+# RINGTREE_GPU_HOST_MAX (bytes) overrides it.
+GPU_HOST_MAX_BYTES = 16 << 20
 # Segment size when neither the table nor the caller gives one: pipelining pays
 # once a message is several segments long.
 SEGMENT_BYTES = 4 << 20

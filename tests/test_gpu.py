@@ -38,7 +38,7 @@ needs_gpu = pytest.mark.skipif(DEVICES == 0, reason=f"no CUDA device ({WHY_NONE 
 GPU_DTYPES = [dtype for dtype in DTYPES if dtype.char not in "gG"]
 
 
-# Staged calls of small arrays: through a host copy of the whole array (the default up to 1 MiB), or
+# Staged calls of small arrays: through a host copy of the whole array (the default up to 16 MiB), or
 # staged message by message like large ones ("0").
 small_calls = pytest.mark.parametrize("host_max", ["default", "0"], ids=["through-host", "per-message"])
 
@@ -137,7 +137,8 @@ def test_small_staged_calls_go_through_a_host_copy_up_to_the_limit(comm, host_ma
 
 @pytest.mark.mpi
 @needs_gpu
-@pytest.mark.parametrize("count", [1000, 1 << 22], ids=["small", "large"])
+# float64: 8 KB and 8 MiB go through a host copy (the latter segmented there), 32 MiB message by message.
+@pytest.mark.parametrize("count", [1000, 1 << 20, 1 << 22], ids=["8KB", "8MiB", "32MiB"])
 def test_stream_order_is_kept(comm, count):
     # Work queued on the caller's stream just before the call is what the call reduces, and work queued
     # on it after the call sees the result, though the call is waited for under another stream.
