@@ -22,13 +22,17 @@ divide evenly, chunks differ by one element and per-rank bytes differ from
 the ideal share by that rounding (for ring, at most 2(N-1) elements).
 
 A schedule that its generator declares the same on every rank up to turning
-the ranks around (algorithms.SYMMETRIC: the ring, when N divides the count)
-is simulated on one rank that stands for all, with the same result.
+the ranks around (algorithms.TURNING: the ring, when no chunk is empty) is
+built for rank 0 only, and every rank's op k is simulated at once, as numpy
+vectors over the ranks, with the same result as the event simulation; where
+that equivalence cannot be shown for the costs given (two ops of a rank's
+processor ready at once, say), the event simulation runs instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import gc
 import heapq
@@ -40,9 +44,11 @@ from dataclasses import dataclass
 import multiprocessing
 from typing import NamedTuple
 
-from .algorithms import ALGORITHMS, SYMMETRIC
+import numpy as np
+
+from .algorithms import ALGORITHMS, TURNING
 from .pipeline import segmented
-from .schedule import OpKind, Ref, dataflow
+from .schedule import INPUT, OUTPUT, OpKind, Ref, dataflow, even_chunks
 
 SEND, RECV, REDUCE, COPY = 0, 1, 2, 3  # REDUCE and COPY run on the processor
 _KIND = {OpKind.SEND: SEND, OpKind.RECV: RECV, OpKind.REDUCE: REDUCE, OpKind.COPY: COPY}
@@ -102,34 +108,32 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
         raise ValueError(f"eager_limit and alpha_rendezvous go together, both >= 0, not {eager_limit}, {alpha_rendezvous}")
     count = nbytes // itemsize
     segment_elements = max(1, segment // itemsize) if segment else 0
-    symmetric = SYMMETRIC.get(algorithm)
-    # With one port per rank, neighbours cannot all send at once: ranks alternate, so symmetry breaks.
-    if symmetric is not None and nranks > 1 and duplex and not trace and symmetric(nranks, count):
-        program = _program((algorithm, nranks, 0, count, segment_elements, window, itemsize, False))
-        one = run_programs([_turning(program)], algorithm, 1, nbytes, itemsize, segment, alpha, beta, gamma, overhead,
-                           eager_limit=eager_limit, alpha_rendezvous=alpha_rendezvous,
-                           partners=[_symmetric_partners(program, nranks)])
-        return SimResult(algorithm, nranks, nbytes, itemsize, segment, one.time,
-                         *(values * nranks for values in (one.finish, one.bytes_sent, one.bytes_received,
-                                                          one.messages_sent, one.messages_received, one.bytes_reduced)))
+    turns = TURNING.get(algorithm)
+    # With one port per rank, a port serves two channels in an order that depends on the times.
+    if turns is not None and nranks > 1 and duplex and not trace and turns(nranks, count):
+        program = _program((algorithm, nranks, 0, count, segment_elements, window, itemsize, True))
+        with _without_gc():
+            result = _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements,
+                                 alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
+        if result is not None:
+            return result
     programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace)
     return run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
                         eager_limit, alpha_rendezvous, duplex=duplex)
 
 
-# A schedule that is the same on every rank up to turning the ranks around (algorithms.SYMMETRIC) runs
-# the same way on every rank: every rank starts, waits and finishes each op when rank 0 does. So one
-# rank is simulated for all. Rank 0 stands for both ends of each message: its k-th send to peer
-# 0 + d is, turned around, the k-th send that rank 0 receives from peer 0 - d, and it holds rank 0's
-# send port and rank 0's receive port, as the real message holds the sender's and the receiver's.
+# A schedule that is the same on every rank up to turning the ranks around (algorithms.TURNING) is
+# built for rank 0 alone; rank r's op k is rank 0's op k on chunk c + r instead of c, with a peer r
+# further on. So op k of every rank can be simulated at once: its ready and finish times are vectors
+# over the ranks, a message's other end is its partner's vector turned by the peer's distance.
+#
+# This gives the event simulation's times exactly when every resource serves its ops in a fixed order:
+# a rank that sends to one peer and receives from one (full duplex) has one channel per port, served
+# in channel order; its processor serves reductions and copies in the order they become ready, which
+# is program order when each is ready strictly after the one before (checked after the fact).
 
 
-def _turning(program: tuple) -> tuple:
-    """Rank 0's program as a one-rank program whose every message is with itself."""
-    return (program[0], [0 if peer is not None else None for peer in program[1]], *program[2:])
-
-
-def _symmetric_partners(program: tuple, nranks: int) -> list[int]:
+def _turned_partners(program: tuple, nranks: int) -> list[int]:
     """For rank 0's messages: the index of the op at rank 0 that stands for the other end."""
     partner = [-1] * len(program[0])
     channels = program[6]
@@ -138,10 +142,141 @@ def _symmetric_partners(program: tuple, nranks: int) -> list[int]:
             receive_indices = channels.get((RECV, -peer % nranks), [])
             if len(receive_indices) != len(send_indices):
                 raise RuntimeError(f"rank 0 sends {len(send_indices)} messages to rank {peer} but receives "
-                                   f"{len(receive_indices)} from rank {-peer % nranks}: the schedule is not symmetric")
+                                   f"{len(receive_indices)} from rank {-peer % nranks}: the schedule does not turn")
             for j, i in zip(send_indices, receive_indices):
                 partner[j], partner[i] = i, j
     return partner
+
+
+def turned_sizes(program: tuple, nranks: int, count: int, segment: int):
+    """Rank r's op sizes in elements, as rows of an array (op, rank), from rank 0's program built with
+    regions, for a schedule in algorithms.TURNING (segment in elements, 0 for none); None where rank
+    0's regions are not whole chunks, or segments of them, or chunks split into different numbers of
+    segments."""
+    kinds, peers, regions = program[0], program[1], program[7]
+    if not _segments_agree(nranks, count, segment):
+        return None
+    chunks = even_chunks(count, nranks)
+    starts = [start for start, _ in chunks]
+    lengths = np.array([length for _, length in chunks], dtype=np.int64)
+    limit = segment or max(count, 1)
+    place: list[tuple[int, int] | None] = [None] * len(kinds)  # (chunk, element offset in it) at rank 0
+    for k, region in enumerate(regions):
+        if region.buffer in (INPUT, OUTPUT):
+            chunk = bisect.bisect_right(starts, region.offset) - 1
+            offset = region.offset - starts[chunk]
+            if region.count != min(limit, lengths[chunk] - offset):
+                return None
+            place[k] = (chunk, offset)
+    partner = _turned_partners(program, nranks)
+    for k, region in enumerate(regions):
+        if place[k] is None:  # a receive into a slot: the chunk its sender, `peer` ranks on, sends
+            sent = place[partner[k]] if kinds[k] == RECV else None
+            if sent is None:
+                return None
+            place[k] = ((sent[0] + peers[k]) % nranks, sent[1])
+    ranks = np.arange(nranks)
+    chunk_of = np.array([c for c, _ in place], dtype=np.int64)[:, None]
+    offset_of = np.array([o for _, o in place], dtype=np.int64)[:, None]
+    return np.minimum(limit, lengths[(chunk_of + ranks) % nranks] - offset_of)
+
+
+def _segments_agree(nranks: int, count: int, segment: int) -> bool:
+    """Whether every chunk splits into the same number of segments (segment in elements, 0: none)."""
+    return not segment or len({-(-length // segment) for _, length in even_chunks(count, nranks)}) == 1
+
+
+def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements, alpha, beta, gamma,
+                overhead, eager_limit, alpha_rendezvous) -> SimResult | None:
+    """simulate() for a schedule in algorithms.TURNING: every rank's op k at once. None where the
+    event simulation might serve some resource in another order (it then runs instead)."""
+    kinds, peers, _, dependents, channel_next, initial_pending, channels = program[:7]
+    if len({peer for kind, peer in channels if kind == SEND}) > 1 or \
+            len({peer for kind, peer in channels if kind == RECV}) > 1:
+        return None  # a port with two channels serves them in an order that depends on the times
+    elements = turned_sizes(program, nranks, count, segment_elements)
+    if elements is None:
+        return None
+    partner = _turned_partners(program, nranks)
+    sizes = elements * itemsize
+    if eager_limit is None:
+        eager_limit, alpha_rendezvous = float("inf"), alpha
+    ops = len(kinds)
+    waits_for: list[list[int]] = [[] for _ in range(ops)]
+    for k, following in enumerate(dependents):
+        for d in following:
+            waits_for[d].append(k)
+    before_on_channel = [-1] * ops
+    for k, following in enumerate(channel_next):
+        if following >= 0:
+            before_on_channel[following] = k
+    before_on_processor, last = [-1] * ops, -1
+    for k in range(ops):
+        if kinds[k] >= REDUCE:
+            before_on_processor[k], last = last, k
+
+    # Two nodes per op, its ready time (2k) and its finish time (2k + 1), in an order that has every
+    # node's inputs first.
+    unlocks: list[list[int]] = [[] for _ in range(2 * ops)]
+    needs = [0] * (2 * ops)
+    for k in range(ops):
+        inputs = [2 * d + 1 for d in waits_for[k]] + ([2 * before_on_channel[k]] if before_on_channel[k] >= 0 else [])
+        if kinds[k] >= REDUCE:
+            finish_inputs = [2 * k] + ([2 * before_on_processor[k] + 1] if before_on_processor[k] >= 0 else [])
+        elif kinds[k] == SEND:
+            finish_inputs = [2 * k, 2 * partner[k]] + ([2 * before_on_channel[k] + 1] if before_on_channel[k] >= 0
+                                                        else [])
+        else:
+            finish_inputs = [2 * partner[k] + 1]
+        for node, inputs_of in ((2 * k, inputs), (2 * k + 1, finish_inputs)):
+            needs[node] = len(inputs_of)
+            for source in inputs_of:
+                unlocks[source].append(node)
+    if any(initial_pending[k] != len(waits_for[k]) + (before_on_channel[k] >= 0) for k in range(ops)):
+        return None
+
+    ready: list = [None] * ops
+    finish: list = [None] * ops
+    start_time = np.full(nranks, float(overhead))
+    todo = deque(node for node in range(2 * ops) if needs[node] == 0)
+    computed = 0
+    while todo:
+        node = todo.popleft()
+        computed += 1
+        k = node >> 1
+        if not node & 1:
+            value = start_time
+            for d in waits_for[k]:
+                value = np.maximum(value, finish[d])
+            if before_on_channel[k] >= 0:
+                value = np.maximum(value, ready[before_on_channel[k]])
+            ready[k] = value
+        elif kinds[k] >= REDUCE:
+            start = ready[k] if before_on_processor[k] < 0 else np.maximum(ready[k], finish[before_on_processor[k]])
+            finish[k] = start + gamma * sizes[k]
+        elif kinds[k] == SEND:  # the receive at rank r + peer: its vector turned back by the peer's distance
+            start = np.maximum(ready[k], np.roll(ready[partner[k]], -peers[k]))
+            if before_on_channel[k] >= 0:
+                start = np.maximum(start, finish[before_on_channel[k]])
+            finish[k] = (start + np.where(sizes[k] <= eager_limit, alpha, alpha_rendezvous)) + beta * sizes[k]
+        else:  # a receive at rank r from r + peer ends when that rank's send does
+            finish[k] = np.roll(finish[partner[k]], -peers[k])
+        for following in unlocks[node]:
+            needs[following] -= 1
+            if not needs[following]:
+                todo.append(following)
+    if computed < 2 * ops:
+        return None  # an op waits for a later one on its processor: program order is not the serving order
+    for k in range(ops):
+        if before_on_processor[k] >= 0 and not np.all(ready[k] > ready[before_on_processor[k]]):
+            return None
+
+    rank_finish = np.maximum.reduce(finish, initial=float(overhead)) if ops else np.full(nranks, float(overhead))
+    totals = {kind: sizes[[k for k in range(ops) if kinds[k] == kind]].sum(axis=0) if kind in kinds else
+              np.zeros(nranks, dtype=np.int64) for kind in (SEND, RECV, REDUCE)}
+    return SimResult(algorithm, nranks, nbytes, itemsize, segment, float(rank_finish.max()),
+                     tuple(map(float, rank_finish)), tuple(map(int, totals[SEND])), tuple(map(int, totals[RECV])),
+                     (kinds.count(SEND),) * nranks, (kinds.count(RECV),) * nranks, tuple(map(int, totals[REDUCE])))
 
 
 def rank_programs(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
@@ -189,21 +324,20 @@ def _program(job: tuple) -> tuple:
 
 
 def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead=0.0,
-                 trace=False, eager_limit=None, alpha_rendezvous=None, partners=None, duplex=True) -> SimResult:
-    """simulate()'s second half: run programs from rank_programs with these costs. `partners`: for
-    each rank's ops, the index of the other end of its message at the peer (found when None)."""
+                 trace=False, eager_limit=None, alpha_rendezvous=None, duplex=True) -> SimResult:
+    """simulate()'s second half: run programs from rank_programs with these costs."""
     with _without_gc():
         return _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
-                    eager_limit, alpha_rendezvous, partners, duplex)
+                    eager_limit, alpha_rendezvous, duplex)
 
 
 def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace, eager_limit,
-         alpha_rendezvous, partners, duplex) -> SimResult:
+         alpha_rendezvous, duplex) -> SimResult:
     if eager_limit is None:
         eager_limit, alpha_rendezvous = float("inf"), alpha
     kinds, peers, sizes, dependents, channel_next = ([p[k] for p in programs] for k in range(5))
     pending = [list(p[5]) for p in programs]  # counted down here; the programs stay reusable
-    partner = _partners(programs, algorithm) if partners is None else partners
+    partner = _partners(programs, algorithm)
 
     posted = [bytearray(len(k)) for k in kinds]
     started = [bytearray(len(k)) for k in kinds]  # messages, by their send

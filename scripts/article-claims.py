@@ -9,8 +9,8 @@ minutes on a 2-core VM, most of them on the 1024-rank ring below 4 KiB, where
 fewer elements than ranks leave the chunks uneven and every rank is simulated.
 
 The ring's schedules are the same on every rank up to turning the ring
-(algorithms.SYMMETRIC) whenever N divides the element count, as at every size
-here from N elements up, and `simulate` then runs one rank for all. The tree's
+(algorithms.TURNING) whenever no chunk is empty, as at every size here from N
+elements up, and `simulate` then runs every rank's op k at once. The tree's
 sizes whose element count is a multiple of N scale exactly: every region of
 its schedule is that multiple of the one-element-per-rank schedule's, so the
 simulated time at size K equals that schedule's with β and γ scaled by the
@@ -27,7 +27,7 @@ import sys
 import time
 
 import ringtree.algorithms
-from ringtree.algorithms import SYMMETRIC
+from ringtree.algorithms import TURNING
 from ringtree.bench import format_size
 from ringtree.calibrate import load
 from ringtree.sim import rank_programs, run_programs, simulate
@@ -60,8 +60,8 @@ def main() -> None:
     for n in ranks:
         started = time.perf_counter()
         for algorithm in ("ring", "tree"):
-            # one element per rank: every larger multiple scales from it (a symmetric one runs on its own)
-            programs = None if algorithm in SYMMETRIC else rank_programs(algorithm, n, n)
+            # one element per rank: every larger multiple scales from it (a turning one runs on its own)
+            programs = None if algorithm in TURNING else rank_programs(algorithm, n, n)
             for label, params in costs.items():
                 times[algorithm, n, label], traffic[algorithm, n] = simulate_sizes(algorithm, n, programs, params)
         print(f"N = {n}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)

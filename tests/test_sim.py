@@ -9,11 +9,11 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ringtree.algorithms import ALGORITHMS, SYMMETRIC
+from ringtree.algorithms import ALGORITHMS, TURNING
 from ringtree.algorithms.tree import binomial_family
 from ringtree.calibrate import best_fit, fit_per_byte, fit_protocols
 from ringtree.draw import draw
-from ringtree.sim import rank_programs, run_programs, simulate
+from ringtree.sim import _run_turned, rank_programs, run_programs, simulate, turned_sizes
 
 COSTS = dict(alpha=1e-5, beta=1e-9, gamma=5e-10)
 
@@ -95,31 +95,57 @@ def test_tree_root_carries_log_n_times_the_data():
     assert sum(result.bytes_sent) == 2 * (nranks - 1) * k  # each rank but the root: once up, once down
 
 
-@pytest.mark.parametrize("algorithm", sorted(SYMMETRIC))
+@pytest.mark.parametrize("algorithm", sorted(TURNING))
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13, 16])
-@pytest.mark.parametrize("per_rank, segment", [(1, 0), (7, 0), (40, 12), (40, 3)])
-def test_symmetric_schedules_are_every_rank_s_schedule_turned(algorithm, nranks, per_rank, segment):
-    """What SYMMETRIC claims: rank r's program is rank 0's with every peer p as (p + r) mod N."""
-    count = nranks * per_rank
-    assert SYMMETRIC[algorithm](nranks, count) and not SYMMETRIC[algorithm](nranks, count + 1)
-    programs = rank_programs(algorithm, nranks, count, segment)
-    reference = programs[0]
+@pytest.mark.parametrize("count_of, segment", [(lambda n: n, 0), (lambda n: 7 * n, 0), (lambda n: 7 * n + 3, 0),
+                                               (lambda n: 40 * n + n // 2, 12), (lambda n: 40 * n, 3), (lambda n: 0, 0)])
+def test_turning_schedules_are_every_rank_s_schedule_turned(algorithm, nranks, count_of, segment):
+    """What TURNING claims: rank r's ops are rank 0's, each peer p as (p + r) mod N, each region of chunk
+    c in chunk (c + r) mod N, so with the sizes turned_sizes derives from rank 0's program."""
+    count = count_of(nranks)
+    assert TURNING[algorithm](nranks, count)
+    assert not TURNING[algorithm](nranks, nranks - 1)  # an empty chunk drops dependencies
+    programs = rank_programs(algorithm, nranks, count, segment, regions=True)
+    sizes = turned_sizes(programs[0], nranks, count, segment)
+    assert sizes is not None
     for rank, program in enumerate(programs):
-        assert program[0] == reference[0] and program[2:6] == reference[2:6]
-        assert program[1] == [None if p is None else (p + rank) % nranks for p in reference[1]]
+        assert program[0] == programs[0][0]
+        assert program[1] == [None if p is None else (p + rank) % nranks for p in programs[0][1]]
+        assert program[2] == [int(size) * 4 for size in sizes[:, rank]]
 
 
 @pytest.mark.parametrize("nranks, count, segment", [(2, 2, 0), (3, 30, 0), (4, 4000, 0), (8, 8 * 999, 0),
-                                                   (8, 8 * 1000, 256), (5, 5 * 77, 9), (16, 16 * 64, 16)])
+                                                   (8, 8 * 1000, 256), (5, 5 * 77, 9), (16, 16 * 64, 16),
+                                                   (2, 3, 0), (3, 31, 0), (8, 8 * 999 + 5, 0), (7, 13, 0),
+                                                   (8, 8 * 1000 + 3, 256), (5, 5 * 77 + 2, 9), (9, 1000, 50),
+                                                   (16, 16 * 64 + 7, 17), (5, 0, 0)])
 @pytest.mark.parametrize("costs", [COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5,
-                                               eager_limit=1024, alpha_rendezvous=2e-5)])
-def test_a_symmetric_schedule_simulated_on_one_rank_matches_all_ranks(nranks, count, segment, costs):
-    fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs)
+                                               eager_limit=1024, alpha_rendezvous=2e-5),
+                                   dict(alpha=0.0, beta=1e-9, gamma=5e-9)])
+def test_a_turning_schedule_simulated_for_all_ranks_at_once_matches_the_event_simulation(nranks, count, segment,
+                                                                                         costs):
+    program = rank_programs("ring", nranks, count, segment, regions=True)[0]
+    at_once = _run_turned(program, "ring", nranks, 4 * count, count, 4, 4 * segment, segment, costs["alpha"],
+                          costs["beta"], costs["gamma"], costs.get("overhead", 0.0), costs.get("eager_limit"),
+                          costs.get("alpha_rendezvous"))
+    assert at_once is not None  # these shapes and costs leave no doubt about the serving order
     full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
                         **costs)
-    assert fast.time == full.time and fast.finish == full.finish
-    assert (fast.bytes_sent, fast.bytes_received, fast.messages_sent, fast.messages_received, fast.bytes_reduced) == (
-        full.bytes_sent, full.bytes_received, full.messages_sent, full.messages_received, full.bytes_reduced)
+    assert at_once.time == full.time and at_once.finish == full.finish
+    assert (at_once.bytes_sent, at_once.bytes_received, at_once.messages_sent, at_once.messages_received,
+            at_once.bytes_reduced) == (full.bytes_sent, full.bytes_received, full.messages_sent,
+                                       full.messages_received, full.bytes_reduced)
+    assert simulate("ring", nranks, 4 * count, segment=4 * segment, **costs).finish == full.finish
+
+
+def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_simulated():
+    # 16 ranks, chunks of 64 and 65 elements, segments of 16: 4 segments on some ranks, 5 on others.
+    program = rank_programs("ring", 16, 16 * 64 + 7, 16, regions=True)[0]
+    assert turned_sizes(program, 16, 16 * 64 + 7, 16) is None
+    assert _run_turned(program, "ring", 16, 4 * (16 * 64 + 7), 16 * 64 + 7, 4, 64, 16, **COSTS, overhead=0.0,
+                       eager_limit=None, alpha_rendezvous=None) is None
+    full = run_programs(rank_programs("ring", 16, 16 * 64 + 7, 16), "ring", 16, 4 * (16 * 64 + 7), 4, 64, **COSTS)
+    assert simulate("ring", 16, 4 * (16 * 64 + 7), segment=64, **COSTS).finish == full.finish
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -198,7 +224,7 @@ def test_one_port_is_never_faster_and_is_simulated_on_every_rank(algorithm, nran
     assert one_port.time >= simulate(algorithm, nranks, 4 * count, **COSTS).time
     full = run_programs(rank_programs(algorithm, nranks, count), algorithm, nranks, 4 * count, 4, 0, duplex=False,
                         **COSTS)
-    assert one_port.finish == full.finish  # a symmetric schedule is not symmetric in time with one port
+    assert one_port.finish == full.finish  # a turning schedule does not turn in time with one port
 
 
 def test_calibration_finds_the_port_model_and_eager_limit_of_its_data():
