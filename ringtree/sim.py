@@ -26,7 +26,9 @@ the ranks around (algorithms.TURNING: the ring, when no chunk is empty) is
 built for rank 0 only, and every rank's op k is simulated at once, as numpy
 vectors over the ranks, with the same result as the event simulation; where
 that equivalence cannot be shown for the costs given (two ops of a rank's
-processor ready at once, say), the event simulation runs instead.
+processor ready at once, say), the event simulation runs instead. One whose
+every P-th rank's schedule is the same up to turning (algorithms.PERIOD: the
+ring's with empty chunks) is simulated on P ranks that stand for all.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .algorithms import ALGORITHMS, TURNING
+from .algorithms import ALGORITHMS, PERIOD, TURNING
 from .pipeline import segmented
 from .schedule import INPUT, OUTPUT, OpKind, Ref, dataflow, even_chunks
 
@@ -115,6 +117,12 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
         with _without_gc():
             result = _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements,
                                  alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
+        if result is not None:
+            return result
+    period = PERIOD[algorithm](nranks, count) if algorithm in PERIOD else nranks
+    if period < nranks and duplex and not trace:
+        result = _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, segment_elements, window,
+                               alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
         if result is not None:
             return result
     programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace)
@@ -279,17 +287,44 @@ def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, se
                      (kinds.count(SEND),) * nranks, (kinds.count(RECV),) * nranks, tuple(map(int, totals[REDUCE])))
 
 
+def _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, segment_elements, window, alpha, beta,
+                  gamma, overhead, eager_limit, alpha_rendezvous) -> SimResult | None:
+    """simulate() for a schedule in algorithms.PERIOD: turning the ranks by `period` maps the system onto
+    itself, and where each port serves one channel (full duplex, one peer each way) no tie between ranks
+    decides an order, so ranks r and r + period run alike. The first `period` ranks, each peer p as
+    p mod period, then stand for all. None where that does not hold (every rank is simulated instead)."""
+    folded = []
+    for program in rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, ranks=period):
+        if len({peer for kind, peer in program[6] if kind == SEND}) > 1 or \
+                len({peer for kind, peer in program[6] if kind == RECV}) > 1:
+            return None
+        channels = {}
+        for (kind, peer), indices in program[6].items():
+            if (kind, peer % period) in channels:
+                return None
+            channels[kind, peer % period] = indices
+        folded.append((program[0], [None if peer is None else peer % period for peer in program[1]], *program[2:6],
+                       channels, program[7]))
+    result = run_programs(folded, algorithm, period, nbytes, itemsize, segment, alpha, beta, gamma, overhead,
+                          eager_limit=eager_limit, alpha_rendezvous=alpha_rendezvous)
+    return SimResult(algorithm, nranks, nbytes, itemsize, segment, result.time,
+                     *(tuple(values[r % period] for r in range(nranks))
+                       for values in (result.finish, result.bytes_sent, result.bytes_received, result.messages_sent,
+                                      result.messages_received, result.bytes_reduced)))
+
+
 def rank_programs(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
-                  itemsize: int = 4, regions: bool = False) -> list[tuple]:
-    """Each rank's schedule in the compact form the simulation runs (segment in elements).
-    Building them is most of the work at many ranks; run_programs can run them again with other costs."""
-    jobs = [(algorithm, nranks, rank, count, segment, window, itemsize, regions) for rank in range(nranks)]
+                  itemsize: int = 4, regions: bool = False, ranks: int | None = None) -> list[tuple]:
+    """Each rank's schedule (of the first `ranks`, default all) in the compact form the simulation runs
+    (segment in elements). Building them is most of the work at many ranks; run_programs can run them
+    again with other costs."""
+    jobs = [(algorithm, nranks, rank, count, segment, window, itemsize, regions) for rank in range(ranks or nranks)]
     workers = min(os.cpu_count() or 1, 8)
     with _without_gc():  # forked workers inherit it
-        if nranks < PARALLEL_FROM_RANKS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        if len(jobs) < PARALLEL_FROM_RANKS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
             return [_program(job) for job in jobs]
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            return list(pool.map(_program, jobs, chunksize=max(1, nranks // (4 * workers))))
+            return list(pool.map(_program, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
 
 
 @contextlib.contextmanager

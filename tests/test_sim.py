@@ -9,11 +9,11 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ringtree.algorithms import ALGORITHMS, TURNING
+from ringtree.algorithms import ALGORITHMS, PERIOD, TURNING
 from ringtree.algorithms.tree import binomial_family
 from ringtree.calibrate import best_fit, fit_per_byte, fit_protocols
 from ringtree.draw import draw
-from ringtree.sim import _run_turned, rank_programs, run_programs, simulate, turned_sizes
+from ringtree.sim import _run_periodic, _run_turned, rank_programs, run_programs, simulate, turned_sizes
 
 COSTS = dict(alpha=1e-5, beta=1e-9, gamma=5e-10)
 
@@ -135,6 +135,40 @@ def test_a_turning_schedule_simulated_for_all_ranks_at_once_matches_the_event_si
     assert (at_once.bytes_sent, at_once.bytes_received, at_once.messages_sent, at_once.messages_received,
             at_once.bytes_reduced) == (full.bytes_sent, full.bytes_received, full.messages_sent,
                                        full.messages_received, full.bytes_reduced)
+    assert simulate("ring", nranks, 4 * count, segment=4 * segment, **costs).finish == full.finish
+
+
+@pytest.mark.parametrize("algorithm", sorted(PERIOD))
+@pytest.mark.parametrize("nranks, count, segment", [(8, 4, 0), (12, 9, 0), (16, 12, 0), (16, 40, 3), (12, 30, 4),
+                                                   (6, 0, 0), (10, 25, 0), (9, 9, 0)])
+def test_periodic_schedules_repeat_every_period_ranks(algorithm, nranks, count, segment):
+    """What PERIOD claims: rank r + P's program is rank r's with every peer p as (p + P) mod N."""
+    period = PERIOD[algorithm](nranks, count)
+    assert nranks % period == 0
+    programs = rank_programs(algorithm, nranks, count, segment)
+    for rank in range(nranks - period):
+        later, program = programs[rank + period], programs[rank]
+        assert later[0] == program[0] and later[2:6] == program[2:6]
+        assert later[1] == [None if p is None else (p + period) % nranks for p in program[1]]
+
+
+@pytest.mark.parametrize("nranks, count, segment", [(8, 4, 0), (8, 6, 0), (16, 12, 0), (12, 9, 0), (64, 48, 0),
+                                                   (10, 5, 0), (16, 8, 1), (16, 2, 0)])
+@pytest.mark.parametrize("costs", [COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5,
+                                               eager_limit=2, alpha_rendezvous=2e-5),
+                                   dict(alpha=0.0, beta=1e-9, gamma=5e-9)])
+def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(nranks, count, segment, costs):
+    # Fewer elements than ranks: empty chunks, so the ranks differ, but every P-th rank alike.
+    period = PERIOD["ring"](nranks, count)
+    assert period < nranks
+    few = _run_periodic("ring", nranks, period, 4 * count, count, 4, 4 * segment, segment, 4, costs["alpha"],
+                        costs["beta"], costs["gamma"], costs.get("overhead", 0.0), costs.get("eager_limit"),
+                        costs.get("alpha_rendezvous"))
+    full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
+                        **costs)
+    assert few is not None and few.time == full.time and few.finish == full.finish
+    assert (few.bytes_sent, few.bytes_received, few.messages_sent, few.messages_received, few.bytes_reduced) == (
+        full.bytes_sent, full.bytes_received, full.messages_sent, full.messages_received, full.bytes_reduced)
     assert simulate("ring", nranks, 4 * count, segment=4 * segment, **costs).finish == full.finish
 
 

@@ -2,14 +2,15 @@
 
 Generators are pure: they import no MPI and no array library. A generator may
 also declare when its schedules are the same on every rank up to a rotation of
-the ranks (TURNING): the simulator then runs every rank's op k at once, and
-the schedule tests check the claim.
+the ranks (TURNING: the simulator then runs every rank's op k at once), or on
+every P-th rank (PERIOD: the simulator then runs P ranks for all), and the
+schedule tests check the claims.
 """
 
 from .double_tree import double_tree_allreduce
 from .rabenseifner import rabenseifner_allreduce
 from .recursive_doubling import recursive_doubling_allreduce
-from .ring import ring_allreduce, ring_turns
+from .ring import ring_allreduce, ring_period, ring_turns
 from .tree import tree_allreduce
 
 ALGORITHMS = {
@@ -23,3 +24,6 @@ ALGORITHMS = {
 # name -> (nranks, count) -> whether rank r's schedule is rank 0's with every peer p as (p + r) mod nranks
 # and every region of chunk c (schedule.even_chunks) moved to chunk (c + r) mod nranks
 TURNING = {"ring": ring_turns}
+# name -> (nranks, count) -> a P that divides nranks such that rank r + P's schedule is rank r's with
+# every peer p as (p + P) mod nranks
+PERIOD = {"ring": ring_period}

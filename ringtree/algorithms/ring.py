@@ -7,6 +7,8 @@ chunk r+1. In each of the N-1 allgather steps it passes a finished chunk on to
 the right. Every rank sends and receives 2(N-1)/N of the data, whatever N.
 """
 
+import math
+
 from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks
 
 
@@ -48,3 +50,10 @@ def ring_turns(nranks: int, count: int) -> bool:
     message brings. So when no chunk is empty: chunks then differ by one element at most, and an
     empty chunk would drop the dependencies of the ops on it."""
     return count >= nranks or count == 0
+
+
+def ring_period(nranks: int, count: int) -> int:
+    """A P such that rank r + P's schedule is rank r's with every peer p as (p + P) mod nranks: the
+    chunks' lengths repeat every nranks / gcd(count, nranks) chunks (even_chunks' bounds are
+    i·count // nranks), and rank r's ops are on chunks r - step."""
+    return nranks // math.gcd(count, nranks)
