@@ -111,7 +111,8 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     count = nbytes // itemsize
     segment_elements = max(1, segment // itemsize) if segment else 0
     turns = TURNING.get(algorithm)
-    # With one port per rank, a port serves two channels in an order that depends on the times.
+    # Both shortcuts need full duplex: with one port per rank, a port serves two channels, in an order
+    # that depends on the times, and ranks alike in schedule need not be alike in time.
     if turns is not None and nranks > 1 and duplex and not trace and turns(nranks, count):
         program = _program((algorithm, nranks, 0, count, segment_elements, window, itemsize, True))
         with _without_gc():
