@@ -137,7 +137,7 @@ def test_small_staged_calls_go_through_a_host_copy_up_to_the_limit(comm, host_ma
 
 @pytest.mark.mpi
 @needs_gpu
-# float64: 8 KB and 8 MiB go through a host copy (the latter segmented there), 32 MiB message by message.
+# float64: 8 KB and 8 MiB go through a host copy, 32 MiB message by message.
 @pytest.mark.parametrize("count", [1000, 1 << 20, 1 << 22], ids=["8KB", "8MiB", "32MiB"])
 def test_stream_order_is_kept(comm, count):
     # Work queued on the caller's stream just before the call is what the call reduces, and work queued
