@@ -1,6 +1,8 @@
 """Command line: python -m ringtree {bench,tune,calibrate,simulate,draw,plot,timeline-merge} ..."""
 
 import argparse
+import os
+import sys
 
 
 def main(argv=None) -> None:
@@ -58,4 +60,9 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as other command-line tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

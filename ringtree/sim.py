@@ -505,6 +505,10 @@ def _partners(programs: list[tuple], algorithm: str) -> list[list[int]]:
     return partner
 
 
+# Above this many lines of ranks with the same traffic, the table gives each column's range instead.
+MAX_LINES = 16
+
+
 def add_arguments(parser) -> None:
     from .bench import parse_size
     parser.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
@@ -557,14 +561,21 @@ def run(args) -> SimResult:
           f"{'bytes reduced':>14} {'done at us':>11}")
     rows = list(zip(result.bytes_sent, result.bytes_received, result.messages_sent, result.messages_received,
                     result.bytes_reduced))
-    first = 0
+    groups, first = [], 0
     for r in range(1, n + 1):  # consecutive ranks with the same traffic share a line
         if r == n or rows[r] != rows[first]:
-            ranks = f"{first}" if r - 1 == first else f"{first}-{r - 1}"
-            done = max(result.finish[first:r])
-            print(f"{ranks:>12} {rows[first][0]:>14} {rows[first][1]:>14} {rows[first][2]:>10} {rows[first][3]:>10} "
-                  f"{rows[first][4]:>14} {done * 1e6:>11.2f}")
+            groups.append((f"{first}" if r - 1 == first else f"{first}-{r - 1}", rows[first],
+                           max(result.finish[first:r])))
             first = r
+    summarized = len(groups) > MAX_LINES
+    if summarized:  # e.g. uneven chunks: ranks differ by an element or so, and the range says enough
+        columns = list(zip(*rows)) + [result.finish]
+        low, high = [min(c) for c in columns], [max(c) for c in columns]
+        groups = [(f"min of {n}", low[:5], low[5]), (f"max of {n}", high[:5], high[5])]
+    for ranks, row, done in groups:
+        print(f"{ranks:>12} {row[0]:>14} {row[1]:>14} {row[2]:>10} {row[3]:>10} {row[4]:>14} {done * 1e6:>11.2f}")
+    if summarized:
+        print(f"(each column's smallest and largest over the {n} ranks; --json lists every rank)")
     if args.algorithm == "ring":
         print(f"ring's ideal per-rank share 2(N-1)/N·K = {ideal:.1f} B; {rounding}")
     return result

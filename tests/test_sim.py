@@ -220,6 +220,28 @@ def test_simulate_command_prints_json():
     assert result["time"] > 0
 
 
+def test_simulate_command_gives_ranges_where_ranks_differ_too_much_for_a_line_each():
+    # 64 ranks, chunks of 10 and 11 elements: traffic differs from rank to rank by an element or so
+    command = [sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "64", "--bytes",
+               str(4 * (64 * 10 + 7))]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    result = json.loads(subprocess.run(command + ["--json"], capture_output=True, text=True, check=True).stdout)
+    low, high = (line.split() for line in out.splitlines() if line.lstrip().startswith(("min of", "max of")))
+    assert low[:3] == ["min", "of", "64"] and high[:3] == ["max", "of", "64"]
+    assert int(low[3]) == min(result["bytes_sent"]) < int(high[3]) == max(result["bytes_sent"])
+    assert "--json lists every rank" in out
+
+
+def test_a_command_whose_reader_goes_away_stops_quietly():
+    # About 90 KB of JSON, more than a pipe holds: the command is still writing when the reader leaves.
+    command = subprocess.Popen([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "1024",
+                                "--bytes", "1MiB", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert command.stdout.readline().strip() == b"{"
+    command.stdout.close()
+    assert command.wait(timeout=60) == 1
+    assert command.stderr.read() == b""
+
+
 def test_calibration_fits_recover_known_parameters():
     alpha, alpha_rendezvous, limit, beta = 3e-6, 9e-6, 2048, 2e-10
     sizes = [8 << (2 * i) for i in range(12)]
