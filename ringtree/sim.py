@@ -22,8 +22,8 @@ divide evenly, chunks differ by one element and per-rank bytes differ from
 the ideal share by that rounding (for ring, at most 2(N-1) elements).
 
 A schedule that its generator declares the same on every rank up to turning
-the ranks around (algorithms.TURNING: the ring, when no chunk is empty) is
-built for rank 0 only, and every rank's op k is simulated at once, as numpy
+the ranks around (algorithms.TURNING: the ring, less the ops on empty chunks)
+is built for rank 0 only, and every rank's op k is simulated at once, as numpy
 vectors over the ranks, with the same result as the event simulation; where
 that equivalence cannot be shown for the costs given (two ops of a rank's
 processor ready at once, say), the event simulation runs instead. One whose
@@ -111,13 +111,16 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     count = nbytes // itemsize
     segment_elements = max(1, segment // itemsize) if segment else 0
     turns = TURNING.get(algorithm)
+    built_for = turns(nranks, count) if turns is not None else None
     # Both shortcuts need full duplex: with one port per rank, a port serves two channels, in an order
-    # that depends on the times, and ranks alike in schedule need not be alike in time.
-    if turns is not None and nranks > 1 and duplex and not trace and turns(nranks, count):
-        program = _program((algorithm, nranks, 0, count, segment_elements, window, itemsize, True))
+    # that depends on the times, and ranks alike in schedule need not be alike in time. Ops left out
+    # would move the slots of a segmented schedule's later ops, so a schedule built for another count
+    # serves only unsegmented.
+    if built_for is not None and nranks > 1 and duplex and not trace and (built_for == count or not segment_elements):
+        program = _program((algorithm, nranks, 0, built_for, segment_elements, window, itemsize, True))
         with _without_gc():
             result = _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements,
-                                 alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
+                                 alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous, built_for)
         if result is not None:
             return result
     period = PERIOD[algorithm](nranks, count) if algorithm in PERIOD else nranks
@@ -133,8 +136,9 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
 
 # A schedule that is the same on every rank up to turning the ranks around (algorithms.TURNING) is
 # built for rank 0 alone; rank r's op k is rank 0's op k on chunk c + r instead of c, with a peer r
-# further on. So op k of every rank can be simulated at once: its ready and finish times are vectors
-# over the ranks, a message's other end is its partner's vector turned by the peer's distance.
+# further on, or no op where that chunk is empty. So op k of every rank can be simulated at once: its
+# ready and finish times are vectors over the ranks, a message's other end is its partner's vector
+# turned by the peer's distance.
 #
 # This gives the event simulation's times exactly when every resource serves its ops in a fixed order:
 # a rank that sends to one peer and receives from one (full duplex) has one channel per port, served
@@ -157,24 +161,25 @@ def _turned_partners(program: tuple, nranks: int) -> list[int]:
     return partner
 
 
-def turned_sizes(program: tuple, nranks: int, count: int, segment: int):
-    """Rank r's op sizes in elements, as rows of an array (op, rank), from rank 0's program built with
-    regions, for a schedule in algorithms.TURNING (segment in elements, 0 for none); None where rank
-    0's regions are not whole chunks, or segments of them, or chunks split into different numbers of
-    segments."""
+def turned_sizes(program: tuple, nranks: int, count: int, segment: int, built_for: int | None = None):
+    """Rank r's op sizes in elements at `count`, as rows of an array (op, rank), 0 for an op it leaves
+    out, from rank 0's program built with regions for `built_for` elements (default `count`), for a
+    schedule in algorithms.TURNING (segment in elements, 0 for none); None where rank 0's regions are
+    not whole chunks, or segments of them, or chunks split into different numbers of segments."""
     kinds, peers, regions = program[0], program[1], program[7]
-    if not _segments_agree(nranks, count, segment):
+    built_for = count if built_for is None else built_for
+    if not _segments_agree(nranks, count, segment) or not _segments_agree(nranks, built_for, segment):
         return None
-    chunks = even_chunks(count, nranks)
+    chunks = even_chunks(built_for, nranks)
     starts = [start for start, _ in chunks]
-    lengths = np.array([length for _, length in chunks], dtype=np.int64)
-    limit = segment or max(count, 1)
+    built_lengths = [length for _, length in chunks]
+    lengths = np.array([length for _, length in even_chunks(count, nranks)], dtype=np.int64)
     place: list[tuple[int, int] | None] = [None] * len(kinds)  # (chunk, element offset in it) at rank 0
     for k, region in enumerate(regions):
         if region.buffer in (INPUT, OUTPUT):
             chunk = bisect.bisect_right(starts, region.offset) - 1
             offset = region.offset - starts[chunk]
-            if region.count != min(limit, lengths[chunk] - offset):
+            if region.count != min(segment or max(built_for, 1), built_lengths[chunk] - offset):
                 return None
             place[k] = (chunk, offset)
     partner = _turned_partners(program, nranks)
@@ -187,7 +192,7 @@ def turned_sizes(program: tuple, nranks: int, count: int, segment: int):
     ranks = np.arange(nranks)
     chunk_of = np.array([c for c, _ in place], dtype=np.int64)[:, None]
     offset_of = np.array([o for _, o in place], dtype=np.int64)[:, None]
-    return np.minimum(limit, lengths[(chunk_of + ranks) % nranks] - offset_of)
+    return np.minimum(segment or max(count, 1), lengths[(chunk_of + ranks) % nranks] - offset_of)
 
 
 def _segments_agree(nranks: int, count: int, segment: int) -> bool:
@@ -196,18 +201,19 @@ def _segments_agree(nranks: int, count: int, segment: int) -> bool:
 
 
 def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements, alpha, beta, gamma,
-                overhead, eager_limit, alpha_rendezvous) -> SimResult | None:
-    """simulate() for a schedule in algorithms.TURNING: every rank's op k at once. None where the
-    event simulation might serve some resource in another order (it then runs instead)."""
+                overhead, eager_limit, alpha_rendezvous, built_for=None) -> SimResult | None:
+    """simulate() for a schedule in algorithms.TURNING: every rank's op k at once, from rank 0's
+    program built for `built_for` elements (default `count`). None where the event simulation might
+    serve some resource in another order (it then runs instead)."""
     kinds, peers, _, dependents, channel_next, initial_pending, channels = program[:7]
     if len({peer for kind, peer in channels if kind == SEND}) > 1 or \
             len({peer for kind, peer in channels if kind == RECV}) > 1:
         return None  # a port with two channels serves them in an order that depends on the times
-    elements = turned_sizes(program, nranks, count, segment_elements)
+    elements = turned_sizes(program, nranks, count, segment_elements, built_for)
     if elements is None:
         return None
     partner = _turned_partners(program, nranks)
-    sizes = elements * itemsize
+    sizes, present = elements * itemsize, elements > 0
     if eager_limit is None:
         eager_limit, alpha_rendezvous = float("inf"), alpha
     ops = len(kinds)
@@ -236,7 +242,7 @@ def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, se
             finish_inputs = [2 * k, 2 * partner[k]] + ([2 * before_on_channel[k] + 1] if before_on_channel[k] >= 0
                                                         else [])
         else:
-            finish_inputs = [2 * partner[k] + 1]
+            finish_inputs = [2 * partner[k] + 1, 2 * k]
         for node, inputs_of in ((2 * k, inputs), (2 * k + 1, finish_inputs)):
             needs[node] = len(inputs_of)
             for source in inputs_of:
@@ -244,15 +250,22 @@ def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, se
     if any(initial_pending[k] != len(waits_for[k]) + (before_on_channel[k] >= 0) for k in range(ops)):
         return None
 
+    # An op left out on a rank (its chunk empty there) takes no time and no resource there: its ready
+    # time passes on to what waits for it, and the resource's free time passes on to the next op.
     ready: list = [None] * ops
     finish: list = [None] * ops
+    free: list = [None] * ops  # when the op's port or processor is free again after it
+    last_ready: list = [None] * ops  # a processor op's ready time, or the last present one's before it
     start_time = np.full(nranks, float(overhead))
+    never = np.full(nranks, -np.inf)
+    in_order = True
     todo = deque(node for node in range(2 * ops) if needs[node] == 0)
     computed = 0
     while todo:
         node = todo.popleft()
         computed += 1
         k = node >> 1
+        here = present[k]
         if not node & 1:
             value = start_time
             for d in waits_for[k]:
@@ -261,31 +274,39 @@ def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, se
                 value = np.maximum(value, ready[before_on_channel[k]])
             ready[k] = value
         elif kinds[k] >= REDUCE:
-            start = ready[k] if before_on_processor[k] < 0 else np.maximum(ready[k], finish[before_on_processor[k]])
-            finish[k] = start + gamma * sizes[k]
+            before = before_on_processor[k]
+            free_before = start_time if before < 0 else free[before]
+            ready_before = never if before < 0 else last_ready[before]
+            in_order = in_order and bool(np.all(ready[k][here] > ready_before[here]))
+            done = np.maximum(ready[k], free_before) + gamma * sizes[k]
+            finish[k] = np.where(here, done, ready[k])
+            free[k] = np.where(here, done, free_before)
+            last_ready[k] = np.where(here, ready[k], ready_before)
         elif kinds[k] == SEND:  # the receive at rank r + peer: its vector turned back by the peer's distance
-            start = np.maximum(ready[k], np.roll(ready[partner[k]], -peers[k]))
-            if before_on_channel[k] >= 0:
-                start = np.maximum(start, finish[before_on_channel[k]])
-            finish[k] = (start + np.where(sizes[k] <= eager_limit, alpha, alpha_rendezvous)) + beta * sizes[k]
+            before = before_on_channel[k]
+            free_before = start_time if before < 0 else free[before]
+            start = np.maximum(np.maximum(ready[k], np.roll(ready[partner[k]], -peers[k])), free_before)
+            done = (start + np.where(sizes[k] <= eager_limit, alpha, alpha_rendezvous)) + beta * sizes[k]
+            finish[k] = np.where(here, done, ready[k])
+            free[k] = np.where(here, done, free_before)
         else:  # a receive at rank r from r + peer ends when that rank's send does
-            finish[k] = np.roll(finish[partner[k]], -peers[k])
+            finish[k] = np.where(here, np.roll(finish[partner[k]], -peers[k]), ready[k])
         for following in unlocks[node]:
             needs[following] -= 1
             if not needs[following]:
                 todo.append(following)
-    if computed < 2 * ops:
-        return None  # an op waits for a later one on its processor: program order is not the serving order
-    for k in range(ops):
-        if before_on_processor[k] >= 0 and not np.all(ready[k] > ready[before_on_processor[k]]):
-            return None
+    if computed < 2 * ops or not in_order:
+        return None  # a processor might serve its ops in another order than the program's
 
-    rank_finish = np.maximum.reduce(finish, initial=float(overhead)) if ops else np.full(nranks, float(overhead))
-    totals = {kind: sizes[[k for k in range(ops) if kinds[k] == kind]].sum(axis=0) if kind in kinds else
-              np.zeros(nranks, dtype=np.int64) for kind in (SEND, RECV, REDUCE)}
+    rank_finish = np.full(nranks, float(overhead))
+    for k in range(ops):
+        rank_finish = np.maximum(rank_finish, np.where(present[k], finish[k], -np.inf))
+    counted = sizes * present
+    totals = {kind: counted[[k for k in range(ops) if kinds[k] == kind]].sum(axis=0) for kind in (SEND, RECV, REDUCE)}
+    messages = {kind: present[[k for k in range(ops) if kinds[k] == kind]].sum(axis=0) for kind in (SEND, RECV)}
     return SimResult(algorithm, nranks, nbytes, itemsize, segment, float(rank_finish.max()),
                      tuple(map(float, rank_finish)), tuple(map(int, totals[SEND])), tuple(map(int, totals[RECV])),
-                     (kinds.count(SEND),) * nranks, (kinds.count(RECV),) * nranks, tuple(map(int, totals[REDUCE])))
+                     tuple(map(int, messages[SEND])), tuple(map(int, messages[RECV])), tuple(map(int, totals[REDUCE])))
 
 
 def _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, segment_elements, window, alpha, beta,

@@ -8,10 +8,8 @@ ringtree calibrate`) and a typical cluster's (stated below). Takes about 35 seco
 2-core VM, half of them at N = 1024.
 
 The ring's schedules are the same on every rank up to turning the ring
-(algorithms.TURNING) whenever no chunk is empty, as at every size here from N
-elements up, and `simulate` then runs every rank's op k at once; below that,
-every P-th rank's are (algorithms.PERIOD, P = N / gcd(count, N): at most 512
-here, where every size and N is a power of two), and it runs P ranks for all. The tree's
+(algorithms.TURNING; with fewer elements than ranks, less the ops on empty
+chunks), and `simulate` runs every rank's op k at once. The tree's
 sizes whose element count is a multiple of N scale exactly: every region of
 its schedule is that multiple of the one-element-per-rank schedule's, so the
 simulated time at size K equals that schedule's with β and γ scaled by the

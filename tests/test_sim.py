@@ -98,36 +98,44 @@ def test_tree_root_carries_log_n_times_the_data():
 @pytest.mark.parametrize("algorithm", sorted(TURNING))
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13, 16])
 @pytest.mark.parametrize("count_of, segment", [(lambda n: n, 0), (lambda n: 7 * n, 0), (lambda n: 7 * n + 3, 0),
-                                               (lambda n: 40 * n + n // 2, 12), (lambda n: 40 * n, 3), (lambda n: 0, 0)])
+                                               (lambda n: 40 * n + n // 2, 12), (lambda n: 40 * n, 3), (lambda n: 0, 0),
+                                               (lambda n: n - 1, 0), (lambda n: n // 2 + 1, 0)])
 def test_turning_schedules_are_every_rank_s_schedule_turned(algorithm, nranks, count_of, segment):
-    """What TURNING claims: rank r's ops are rank 0's, each peer p as (p + r) mod N, each region of chunk
-    c in chunk (c + r) mod N, so with the sizes turned_sizes derives from rank 0's program."""
+    """What TURNING claims: rank r's ops are those of rank 0's schedule for C = TURNING(N, count)
+    elements, each peer p as (p + r) mod N, each region of chunk c in chunk (c + r) mod N, less those on
+    chunks empty at `count`: so the kinds, peers and sizes turned_sizes derives from rank 0's program."""
     count = count_of(nranks)
-    assert TURNING[algorithm](nranks, count)
-    assert not TURNING[algorithm](nranks, nranks - 1)  # an empty chunk drops dependencies
-    programs = rank_programs(algorithm, nranks, count, segment, regions=True)
-    sizes = turned_sizes(programs[0], nranks, count, segment)
+    built_for = TURNING[algorithm](nranks, count)
+    assert built_for == (count if count >= nranks or count == 0 else nranks)
+    template = rank_programs(algorithm, nranks, built_for, segment, regions=True, ranks=1)[0]
+    sizes = turned_sizes(template, nranks, count, segment, built_for)
     assert sizes is not None
-    for rank, program in enumerate(programs):
-        assert program[0] == programs[0][0]
-        assert program[1] == [None if p is None else (p + rank) % nranks for p in programs[0][1]]
-        assert program[2] == [int(size) * 4 for size in sizes[:, rank]]
+    for rank, program in enumerate(rank_programs(algorithm, nranks, count, segment)):
+        kept = [k for k in range(len(template[0])) if sizes[k, rank] > 0]
+        assert len(kept) == len(template[0]) or built_for != count
+        assert program[0] == bytes(template[0][k] for k in kept)
+        assert program[1] == [None if template[1][k] is None else (template[1][k] + rank) % nranks for k in kept]
+        assert program[2] == [int(sizes[k, rank]) * 4 for k in kept]
 
 
 @pytest.mark.parametrize("nranks, count, segment", [(2, 2, 0), (3, 30, 0), (4, 4000, 0), (8, 8 * 999, 0),
                                                    (8, 8 * 1000, 256), (5, 5 * 77, 9), (16, 16 * 64, 16),
                                                    (2, 3, 0), (3, 31, 0), (8, 8 * 999 + 5, 0), (7, 13, 0),
                                                    (8, 8 * 1000 + 3, 256), (5, 5 * 77 + 2, 9), (9, 1000, 50),
-                                                   (16, 16 * 64 + 7, 17), (5, 0, 0)])
+                                                   (16, 16 * 64 + 7, 17), (5, 0, 0),
+                                                   (8, 5, 0), (16, 7, 0), (31, 30, 0), (64, 33, 0), (3, 1, 0)])
 @pytest.mark.parametrize("costs", [COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5,
                                                eager_limit=1024, alpha_rendezvous=2e-5),
                                    dict(alpha=0.0, beta=1e-9, gamma=5e-9)])
 def test_a_turning_schedule_simulated_for_all_ranks_at_once_matches_the_event_simulation(nranks, count, segment,
                                                                                          costs):
-    program = rank_programs("ring", nranks, count, segment, regions=True)[0]
+    # The last five have fewer elements than ranks: rank 0's schedule for one element a chunk, with
+    # each rank's ops on its empty chunks left out.
+    built_for = TURNING["ring"](nranks, count)
+    program = rank_programs("ring", nranks, built_for, segment, regions=True, ranks=1)[0]
     at_once = _run_turned(program, "ring", nranks, 4 * count, count, 4, 4 * segment, segment, costs["alpha"],
                           costs["beta"], costs["gamma"], costs.get("overhead", 0.0), costs.get("eager_limit"),
-                          costs.get("alpha_rendezvous"))
+                          costs.get("alpha_rendezvous"), built_for)
     assert at_once is not None  # these shapes and costs leave no doubt about the serving order
     full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
                         **costs)
@@ -170,6 +178,21 @@ def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(
     assert (few.bytes_sent, few.bytes_received, few.messages_sent, few.messages_received, few.bytes_reduced) == (
         full.bytes_sent, full.bytes_received, full.messages_sent, full.messages_received, full.bytes_reduced)
     assert simulate("ring", nranks, 4 * count, segment=4 * segment, **costs).finish == full.finish
+
+
+@settings(max_examples=25, deadline=None)
+@given(nranks=st.integers(2, 24), per_rank=st.sampled_from([0, 0, 1, 2, 5]), extra=st.integers(0, 23),
+       segment=st.sampled_from([0, 0, 1, 3]), costs=st.sampled_from([
+           COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5, eager_limit=8, alpha_rendezvous=2e-5),
+           dict(alpha=0.0, beta=1e-9, gamma=5e-9), dict(alpha=1e-6, beta=0.0, gamma=0.0)]))
+def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_rank, extra, segment, costs):
+    count = per_rank * nranks + extra % nranks
+    fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs)
+    full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
+                        **costs)
+    assert (fast.time, fast.finish, fast.bytes_sent, fast.bytes_received, fast.messages_sent, fast.messages_received,
+            fast.bytes_reduced) == (full.time, full.finish, full.bytes_sent, full.bytes_received, full.messages_sent,
+                                    full.messages_received, full.bytes_reduced)
 
 
 def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_simulated():

@@ -21,8 +21,9 @@ ALGORITHMS = {
     "double_tree": double_tree_allreduce,
 }
 
-# name -> (nranks, count) -> whether rank r's schedule is rank 0's with every peer p as (p + r) mod nranks
-# and every region of chunk c (schedule.even_chunks) moved to chunk (c + r) mod nranks
+# name -> (nranks, count) -> the count C whose rank 0 schedule gives rank r's: every peer p as (p + r) mod
+# nranks, every region of chunk c (schedule.even_chunks) moved to chunk (c + r) mod nranks, and the ops
+# on chunks empty at `count` left out (C is count where none is empty)
 TURNING = {"ring": ring_turns}
 # name -> (nranks, count) -> a P that divides nranks such that rank r + P's schedule is rank r's with
 # every peer p as (p + P) mod nranks

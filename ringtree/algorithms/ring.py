@@ -43,13 +43,13 @@ def ring_allreduce(nranks: int, rank: int, count: int) -> Schedule:
     return b.build()
 
 
-def ring_turns(nranks: int, count: int) -> bool:
-    """Whether every rank's schedule is rank 0's turned around the ring: rank r's ops are rank 0's,
-    in the same order, each peer p replaced by (p + r) mod nranks and each region in chunk c (of
-    even_chunks) by the same place in chunk (c + r) mod nranks, a receive slot holding what the
-    message brings. So when no chunk is empty: chunks then differ by one element at most, and an
-    empty chunk would drop the dependencies of the ops on it."""
-    return count >= nranks or count == 0
+def ring_turns(nranks: int, count: int) -> int:
+    """The count whose rank 0 schedule every rank's is turned from around the ring: rank r's ops are
+    that schedule's, in the same order, each peer p replaced by (p + r) mod nranks and each region in
+    chunk c (of even_chunks) by the same place in chunk (c + r) mod nranks, a receive slot holding
+    what the message brings; ops on chunks empty at `count` left out. That is `count` itself when no
+    chunk is empty (chunks then differ by one element at most), else nranks: one element a chunk."""
+    return count if count >= nranks or count == 0 else nranks
 
 
 def ring_period(nranks: int, count: int) -> int:
