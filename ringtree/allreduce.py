@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
-from .backend import NoDevice, NumpyBackend, backend_for
+from .backend import NoDevice, NumpyBackend, backend_for, cupy_backend
 from . import reliability, timeline
 from .comm import LAST, comm_state
 from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
@@ -149,7 +149,7 @@ def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, 
     """A small staged CuPy call: copy the input to pinned host memory, allreduce it there as a numpy
     call would (the same messages as the per-message staging), and queue the copy of the result into
     `target` on the stream current at the start. Returns recvbuf, or the Request when not `blocking`."""
-    backend = _array_backend(target, "recvbuf")
+    backend = cupy_backend()  # the only staged backend
     stream = backend.cupy.cuda.get_current_stream()
     host = backend.to_host(source)
     arguments = dict(comm=comm, algorithm=algorithm, segment=segment, check=check, timeout=timeout)

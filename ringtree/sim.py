@@ -195,6 +195,11 @@ def turned_sizes(program: tuple, nranks: int, count: int, segment: int, built_fo
     return np.minimum(segment or max(count, 1), lengths[(chunk_of + ranks) % nranks] - offset_of)
 
 
+def _one_peer_each_way(channels: dict) -> bool:
+    """Whether a program's messages go to one peer and come from one, so each port serves one channel."""
+    return all(len({peer for kind, peer in channels if kind == way}) <= 1 for way in (SEND, RECV))
+
+
 def _segments_agree(nranks: int, count: int, segment: int) -> bool:
     """Whether every chunk splits into the same number of segments (segment in elements, 0: none)."""
     return not segment or len({-(-length // segment) for _, length in even_chunks(count, nranks)}) == 1
@@ -206,8 +211,7 @@ def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, se
     program built for `built_for` elements (default `count`). None where the event simulation might
     serve some resource in another order (it then runs instead)."""
     kinds, peers, _, dependents, channel_next, initial_pending, channels = program[:7]
-    if len({peer for kind, peer in channels if kind == SEND}) > 1 or \
-            len({peer for kind, peer in channels if kind == RECV}) > 1:
+    if not _one_peer_each_way(channels):
         return None  # a port with two channels serves them in an order that depends on the times
     elements = turned_sizes(program, nranks, count, segment_elements, built_for)
     if elements is None:
@@ -317,8 +321,7 @@ def _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, s
     p mod period, then stand for all. None where that does not hold (every rank is simulated instead)."""
     folded = []
     for program in rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, ranks=period):
-        if len({peer for kind, peer in program[6] if kind == SEND}) > 1 or \
-                len({peer for kind, peer in program[6] if kind == RECV}) > 1:
+        if not _one_peer_each_way(program[6]):
             return None
         channels = {}
         for (kind, peer), indices in program[6].items():

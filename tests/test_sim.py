@@ -95,6 +95,18 @@ def test_tree_root_carries_log_n_times_the_data():
     assert sum(result.bytes_sent) == 2 * (nranks - 1) * k  # each rank but the root: once up, once down
 
 
+def _every_rank(nranks, count, segment, costs):
+    """The ring of `count` float32 elements (segments of `segment`), every rank built and simulated."""
+    return run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
+                        **costs)
+
+
+def _outcome(result):
+    """All a simulation says but its trace: times, and traffic per rank."""
+    return (result.time, result.finish, result.bytes_sent, result.bytes_received, result.messages_sent,
+            result.messages_received, result.bytes_reduced)
+
+
 @pytest.mark.parametrize("algorithm", sorted(TURNING))
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13, 16])
 @pytest.mark.parametrize("count_of, segment", [(lambda n: n, 0), (lambda n: 7 * n, 0), (lambda n: 7 * n + 3, 0),
@@ -137,12 +149,8 @@ def test_a_turning_schedule_simulated_for_all_ranks_at_once_matches_the_event_si
                           costs["beta"], costs["gamma"], costs.get("overhead", 0.0), costs.get("eager_limit"),
                           costs.get("alpha_rendezvous"), built_for)
     assert at_once is not None  # these shapes and costs leave no doubt about the serving order
-    full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
-                        **costs)
-    assert at_once.time == full.time and at_once.finish == full.finish
-    assert (at_once.bytes_sent, at_once.bytes_received, at_once.messages_sent, at_once.messages_received,
-            at_once.bytes_reduced) == (full.bytes_sent, full.bytes_received, full.messages_sent,
-                                       full.messages_received, full.bytes_reduced)
+    full = _every_rank(nranks, count, segment, costs)
+    assert _outcome(at_once) == _outcome(full)
     assert simulate("ring", nranks, 4 * count, segment=4 * segment, **costs).finish == full.finish
 
 
@@ -172,11 +180,9 @@ def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(
     few = _run_periodic("ring", nranks, period, 4 * count, count, 4, 4 * segment, segment, 4, costs["alpha"],
                         costs["beta"], costs["gamma"], costs.get("overhead", 0.0), costs.get("eager_limit"),
                         costs.get("alpha_rendezvous"))
-    full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
-                        **costs)
-    assert few is not None and few.time == full.time and few.finish == full.finish
-    assert (few.bytes_sent, few.bytes_received, few.messages_sent, few.messages_received, few.bytes_reduced) == (
-        full.bytes_sent, full.bytes_received, full.messages_sent, full.messages_received, full.bytes_reduced)
+    assert few is not None
+    full = _every_rank(nranks, count, segment, costs)
+    assert _outcome(few) == _outcome(full)
     assert simulate("ring", nranks, 4 * count, segment=4 * segment, **costs).finish == full.finish
 
 
@@ -188,11 +194,7 @@ def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(
 def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_rank, extra, segment, costs):
     count = per_rank * nranks + extra % nranks
     fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs)
-    full = run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
-                        **costs)
-    assert (fast.time, fast.finish, fast.bytes_sent, fast.bytes_received, fast.messages_sent, fast.messages_received,
-            fast.bytes_reduced) == (full.time, full.finish, full.bytes_sent, full.bytes_received, full.messages_sent,
-                                    full.messages_received, full.bytes_reduced)
+    assert _outcome(fast) == _outcome(_every_rank(nranks, count, segment, costs))
 
 
 def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_simulated():
@@ -201,7 +203,7 @@ def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_si
     assert turned_sizes(program, 16, 16 * 64 + 7, 16) is None
     assert _run_turned(program, "ring", 16, 4 * (16 * 64 + 7), 16 * 64 + 7, 4, 64, 16, **COSTS, overhead=0.0,
                        eager_limit=None, alpha_rendezvous=None) is None
-    full = run_programs(rank_programs("ring", 16, 16 * 64 + 7, 16), "ring", 16, 4 * (16 * 64 + 7), 4, 64, **COSTS)
+    full = _every_rank(16, 16 * 64 + 7, 16, COSTS)
     assert simulate("ring", 16, 4 * (16 * 64 + 7), segment=64, **COSTS).finish == full.finish
 
 
