@@ -28,7 +28,8 @@ vectors over the ranks, with the same result as the event simulation; where
 that equivalence cannot be shown for the costs given (two ops of a rank's
 processor ready at once, say), the event simulation runs instead. One whose
 every P-th rank's schedule is the same up to turning (algorithms.PERIOD: the
-ring's with empty chunks) is simulated on P ranks that stand for all.
+ring's where chunks of two lengths split into different numbers of segments)
+is simulated on P ranks that stand for all.
 """
 
 from __future__ import annotations
@@ -113,10 +114,8 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     turns = TURNING.get(algorithm)
     built_for = turns(nranks, count) if turns is not None else None
     # Both shortcuts need full duplex: with one port per rank, a port serves two channels, in an order
-    # that depends on the times, and ranks alike in schedule need not be alike in time. Ops left out
-    # would move the slots of a segmented schedule's later ops, so a schedule built for another count
-    # serves only unsegmented.
-    if built_for is not None and nranks > 1 and duplex and not trace and (built_for == count or not segment_elements):
+    # that depends on the times, and ranks alike in schedule need not be alike in time.
+    if built_for is not None and nranks > 1 and duplex and not trace:
         program = _program((algorithm, nranks, 0, built_for, segment_elements, window, itemsize, True))
         with _without_gc():
             result = _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements,
@@ -201,8 +200,9 @@ def _one_peer_each_way(channels: dict) -> bool:
 
 
 def _segments_agree(nranks: int, count: int, segment: int) -> bool:
-    """Whether every chunk splits into the same number of segments (segment in elements, 0: none)."""
-    return not segment or len({-(-length // segment) for _, length in even_chunks(count, nranks)}) == 1
+    """Whether every chunk that is not empty splits into the same number of segments (segment in
+    elements, 0: none)."""
+    return not segment or len({-(-length // segment) for _, length in even_chunks(count, nranks) if length}) <= 1
 
 
 def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements, alpha, beta, gamma,

@@ -111,7 +111,8 @@ def _outcome(result):
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13, 16])
 @pytest.mark.parametrize("count_of, segment", [(lambda n: n, 0), (lambda n: 7 * n, 0), (lambda n: 7 * n + 3, 0),
                                                (lambda n: 40 * n + n // 2, 12), (lambda n: 40 * n, 3), (lambda n: 0, 0),
-                                               (lambda n: n - 1, 0), (lambda n: n // 2 + 1, 0)])
+                                               (lambda n: n - 1, 0), (lambda n: n // 2 + 1, 0), (lambda n: n - 1, 1),
+                                               (lambda n: n // 2 + 1, 2)])
 def test_turning_schedules_are_every_rank_s_schedule_turned(algorithm, nranks, count_of, segment):
     """What TURNING claims: rank r's ops are those of rank 0's schedule for C = TURNING(N, count)
     elements, each peer p as (p + r) mod N, each region of chunk c in chunk (c + r) mod N, less those on
@@ -135,14 +136,16 @@ def test_turning_schedules_are_every_rank_s_schedule_turned(algorithm, nranks, c
                                                    (2, 3, 0), (3, 31, 0), (8, 8 * 999 + 5, 0), (7, 13, 0),
                                                    (8, 8 * 1000 + 3, 256), (5, 5 * 77 + 2, 9), (9, 1000, 50),
                                                    (16, 16 * 64 + 7, 17), (5, 0, 0),
-                                                   (8, 5, 0), (16, 7, 0), (31, 30, 0), (64, 33, 0), (3, 1, 0)])
+                                                   (8, 5, 0), (16, 7, 0), (31, 30, 0), (64, 33, 0), (3, 1, 0),
+                                                   (16, 7, 1), (31, 30, 2), (9, 4, 3), (64, 63, 1)])
 @pytest.mark.parametrize("costs", [COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5,
                                                eager_limit=1024, alpha_rendezvous=2e-5),
                                    dict(alpha=0.0, beta=1e-9, gamma=5e-9)])
 def test_a_turning_schedule_simulated_for_all_ranks_at_once_matches_the_event_simulation(nranks, count, segment,
                                                                                          costs):
-    # The last five have fewer elements than ranks: rank 0's schedule for one element a chunk, with
-    # each rank's ops on its empty chunks left out.
+    # The last nine have fewer elements than ranks: rank 0's schedule for one element a chunk, with
+    # each rank's ops on its empty chunks left out; segmented or not, as a chunk's one element is one
+    # segment.
     built_for = TURNING["ring"](nranks, count)
     program = rank_programs("ring", nranks, built_for, segment, regions=True, ranks=1)[0]
     at_once = _run_turned(program, "ring", nranks, 4 * count, count, 4, 4 * segment, segment, costs["alpha"],
@@ -205,6 +208,16 @@ def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_si
                        eager_limit=None, alpha_rendezvous=None) is None
     full = _every_rank(16, 16 * 64 + 7, 16, COSTS)
     assert simulate("ring", 16, 4 * (16 * 64 + 7), segment=64, **COSTS).finish == full.finish
+
+
+def test_a_1024_rank_segmented_ring_with_fewer_elements_than_ranks_runs_every_rank_at_once():
+    # 1023 elements: a period of 1024 ranks, so without the turned shortcut every rank's schedule is
+    # built and run as events (minutes).
+    program = rank_programs("ring", 1024, 1024, 1, regions=True, ranks=1)[0]
+    result = _run_turned(program, "ring", 1024, 4 * 1023, 1023, 4, 4, 1, **COSTS, overhead=0.0, eager_limit=None,
+                         alpha_rendezvous=None, built_for=1024)
+    assert result is not None
+    assert sum(result.bytes_sent) == sum(result.bytes_received) == 2 * 1023 * 1023 * 4  # each element 2(N-1) hops
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
