@@ -11,12 +11,14 @@ Open MPI's dynamic rules):
      "rules": [{"ranks": [2, 2], "bytes": [0, 65536], "algorithm": "recursive_doubling", "segment": 0},
                ...],                      # bytes: inclusive; null for no upper bound; segment 0: unsplit
      "models": {"2": {"alpha": 4e-06, "beta": 3e-10, "gamma": 2e-10}, ...},
-     "segments": {"2": {"ring": 4194304, "double_tree": 2097152, ...}, ...}}
+     "segments": {"2": {"ring": 4194304, "double_tree": 2097152, ...}, ...},
+     "measured": {"2": [{"bytes": 8, "algorithm": "ring", "segment": 0, "seconds": 2.1e-05}, ...], ...}}
 
 A rule may also list "dtypes" and "ops" it is limited to. Sizes or rank counts
 no rule covers go to the α-β-γ model (ringtree.model) with the parameters
 fitted at the nearest measured rank count. "segments" gives, per rank count,
-the segment size for an algorithm a call names (or the model picks). `python -m ringtree tune` writes
+the segment size for an algorithm a call names (or the model picks); "measured", the times the
+rules rest on, is there to explain them (the selector does not read it). `python -m ringtree tune` writes
 tables; RINGTREE_TUNING_FILE=path loads one instead of the packaged default,
 RINGTREE_ALGORITHM=name takes that algorithm wherever a call says "auto".
 """

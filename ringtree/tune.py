@@ -30,9 +30,9 @@ from .model import fit
 from .selector import FORMAT, SEGMENT_BYTES
 
 SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
-# A size keeps the previous size's winner unless another case is faster by more than this: on a
-# noisy machine, near-ties would otherwise flip the table back and forth from one size to the next.
-KEEP_WITHIN = 0.05
+# A size whose winner differs from both its neighbours' (the same one) takes theirs where that is
+# slower by no more than this: on a noisy machine a near-tie would otherwise flip the table for one size.
+BLIP_WITHIN = 0.05
 # Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
 UNSPLIT_MAX_BYTES = 16 << 20
 
@@ -97,16 +97,7 @@ def run(args: argparse.Namespace) -> None:
     # One segment size per algorithm, then one algorithm per size: auto then runs exactly what a call
     # naming that algorithm runs, and the table has fewer knobs to fit to noise.
     best_segments = segments_from(measurements)
-    winners = []
-    for nbytes, timed in mean.items():
-        cases = {alg: (alg, seg if nbytes > seg else 0) for alg in algorithms
-                 for seg in [best_segments.get(alg, SEGMENT_BYTES)]}
-        time_of = {alg: timed[case] for alg, case in cases.items() if case in timed}
-        best = min(time_of, key=time_of.get)
-        previous = winners[-1][1] if winners else None
-        if previous is not None and time_of[previous] <= (1 + KEEP_WITHIN) * time_of[best]:
-            best = previous
-        winners.append((nbytes, best, best_segments.get(best, SEGMENT_BYTES), time_of[best]))
+    winners = winners_from(mean, algorithms, best_segments)
     rules = rules_from(winners, nranks)
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
           f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
@@ -118,7 +109,7 @@ def run(args: argparse.Namespace) -> None:
               f"{format_size(rule['segment']) if rule['segment'] else 'unsplit'}")
     print("\nsegment size for an algorithm named in a call: " +
           ", ".join(f"{name} {format_size(segment)}" for name, segment in best_segments.items()))
-    write_table(args.output, nranks, rules, params, best_segments, args.note, winners)
+    write_table(args.output, nranks, rules, params, best_segments, args.note, measurements)
     print(f"\nwrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
 
 
@@ -139,6 +130,29 @@ def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tupl
         raise SystemExit(f"tune: results differ from native MPI at {nbytes} B: {wrong}")
 
     return time_in_turns(comm, calls, args.batch, args.iters, args.budget)
+
+
+def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list[str],
+                 best_segments: dict[str, int]) -> list[tuple[int, str, int, float]]:
+    """(size, algorithm, segment, seconds) for each size of `mean` (size -> (algorithm, segment) ->
+    seconds), ascending: each algorithm with its one segment size (unsplit where the message is no
+    larger), the fastest at each size, except that a lone size between two of another winner takes
+    theirs where that is within BLIP_WITHIN. A crossover stays where it was measured."""
+    sizes = sorted(mean)
+    time_of = []
+    for nbytes in sizes:
+        cases = {alg: (alg, seg if nbytes > seg else 0) for alg in algorithms
+                 for seg in [best_segments.get(alg, SEGMENT_BYTES)]}
+        time_of.append({alg: mean[nbytes][case] for alg, case in cases.items() if case in mean[nbytes]})
+    best = [min(times, key=times.get) for times in time_of]
+    chosen = list(best)
+    for i in range(1, len(sizes) - 1):
+        around = best[i - 1]
+        if around == best[i + 1] != best[i] and around in time_of[i] \
+                and time_of[i][around] <= (1 + BLIP_WITHIN) * time_of[i][best[i]]:
+            chosen[i] = around
+    return [(nbytes, alg, best_segments.get(alg, SEGMENT_BYTES), times[alg])
+            for nbytes, alg, times in zip(sizes, chosen, time_of)]
 
 
 def rules_from(winners: list[tuple[int, str, int, float]], nranks: int) -> list[dict]:
@@ -175,8 +189,9 @@ def segments_from(measurements) -> dict[str, int]:
 
 
 def write_table(path: str, nranks: int, rules: list[dict], params, best_segments: dict[str, int], note: str,
-                winners) -> None:
-    """Write the rules and model for `nranks` into the table at `path`, keeping other rank counts'."""
+                measurements) -> None:
+    """Write the rules, model and every case's time (`measurements`: (algorithm, nranks, bytes,
+    segment, seconds)) for `nranks` into the table at `path`, keeping other rank counts'."""
     data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "segments": {}, "measured": {}}
     if os.path.exists(path):
         with open(path) as f:
@@ -188,7 +203,7 @@ def write_table(path: str, nranks: int, rules: list[dict], params, best_segments
     data["models"][str(nranks)] = params._asdict()
     data["segments"][str(nranks)] = best_segments
     data["measured"][str(nranks)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
-                                     for b, a, s, t in winners]
+                                     for a, _, b, s, t in measurements]
     if note:
         data["note"] = note
     with open(path, "w") as f:

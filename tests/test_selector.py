@@ -123,3 +123,23 @@ def test_tune_picks_per_algorithm_the_segment_best_where_all_were_tried():
             seconds = (timings.get(segment, 9.0) if algorithm == "ring" else 10.0 - timings.get(segment, 0.0))
             measurements.append((algorithm, 2, nbytes, segment, seconds * nbytes))
     assert segments_from(measurements) == {"ring": 4 << 20, "tree": 1 << 20}
+
+
+def _winners(times_by_size: dict[int, dict[str, float]]) -> list[str]:
+    from ringtree.tune import winners_from
+    mean = {nbytes: {(alg, 0): t for alg, t in times.items()} for nbytes, times in times_by_size.items()}
+    return [alg for _, alg, _, _ in winners_from(mean, ["ring", "tree"], {"ring": 1 << 30, "tree": 1 << 30})]
+
+
+def test_tune_puts_a_crossover_where_it_was_measured():
+    # The ring 3 % faster from 4 KiB on: a rule that kept the previous winner within 5 % would start
+    # it a size late, or never.
+    times = {1 << k: {"tree": 1.0, "ring": 1.2 if k < 12 else 0.97} for k in range(8, 16)}
+    assert _winners(times) == ["tree"] * 4 + ["ring"] * 4
+
+
+def test_tune_smooths_a_lone_near_tie_but_keeps_a_lone_clear_win():
+    times = {1 << k: {"tree": 1.0, "ring": 1.1} for k in range(8, 13)}
+    times[1 << 9]["ring"] = 0.98   # 2 % ahead at one size between two of the tree's: noise
+    times[1 << 11]["ring"] = 0.80  # 20 % ahead: kept
+    assert _winners(times) == ["tree", "tree", "tree", "ring", "tree"]
