@@ -92,13 +92,14 @@ class Event(NamedTuple):
 def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: float, gamma: float,
              overhead: float = 0.0, eager_limit: int | None = None, alpha_rendezvous: float | None = None,
              duplex: bool = True, itemsize: int = 4, segment: int = 0, window: int = 4,
-             trace: bool = False) -> SimResult:
+             trace: bool = False, progress: bool = False) -> SimResult:
     """Simulate one allreduce of `nbytes` (whole elements of `itemsize` bytes) on `nranks` ranks.
 
     `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
     engine does. `duplex=False` gives each rank one port for both directions,
     as where a message's bytes are copied by the processors at both ends over
-    shared memory. With `trace`, the result lists every op's start and finish.
+    shared memory. With `trace`, the result lists every op's start and finish. With `progress`, a
+    simulation of every rank shows progress bars on stderr, where that is a terminal.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
@@ -128,9 +129,9 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
                                alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
         if result is not None:
             return result
-    programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace)
+    programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace, progress=progress)
     return run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
-                        eager_limit, alpha_rendezvous, duplex=duplex)
+                        eager_limit, alpha_rendezvous, duplex=duplex, progress=progress)
 
 
 # A schedule that is the same on every rank up to turning the ranks around (algorithms.TURNING) is
@@ -339,17 +340,30 @@ def _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, s
 
 
 def rank_programs(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
-                  itemsize: int = 4, regions: bool = False, ranks: int | None = None) -> list[tuple]:
+                  itemsize: int = 4, regions: bool = False, ranks: int | None = None,
+                  progress: bool = False) -> list[tuple]:
     """Each rank's schedule (of the first `ranks`, default all) in the compact form the simulation runs
     (segment in elements). Building them is most of the work at many ranks; run_programs can run them
-    again with other costs."""
+    again with other costs. `progress`: a progress bar on stderr, where that is a terminal."""
     jobs = [(algorithm, nranks, rank, count, segment, window, itemsize, regions) for rank in range(ranks or nranks)]
     workers = min(os.cpu_count() or 1, 8)
-    with _without_gc():  # forked workers inherit it
+    with _without_gc(), _bar(progress, len(jobs), "building schedules", "rank") as bar:  # forked workers inherit it
         if len(jobs) < PARALLEL_FROM_RANKS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-            return [_program(job) for job in jobs]
+            return list(_counted(map(_program, jobs), bar))
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            return list(pool.map(_program, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+            return list(_counted(pool.map(_program, jobs, chunksize=max(1, len(jobs) // (4 * workers))), bar))
+
+
+def _bar(shown: bool, total: int, what: str, unit: str):
+    """A tqdm progress bar on stderr where `shown` and stderr is a terminal; else one that shows nothing."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=what, unit=unit, leave=False, disable=None if shown else True)
+
+
+def _counted(items, bar):
+    for item in items:
+        bar.update()
+        yield item
 
 
 @contextlib.contextmanager
@@ -384,15 +398,19 @@ def _program(job: tuple) -> tuple:
 
 
 def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead=0.0,
-                 trace=False, eager_limit=None, alpha_rendezvous=None, duplex=True) -> SimResult:
+                 trace=False, eager_limit=None, alpha_rendezvous=None, duplex=True, progress=False) -> SimResult:
     """simulate()'s second half: run programs from rank_programs with these costs."""
-    with _without_gc():
+    with _without_gc(), _bar(progress, sum(len(p[0]) for p in programs), "simulating", "op") as bar:
         return _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
-                    eager_limit, alpha_rendezvous, duplex)
+                    eager_limit, alpha_rendezvous, duplex, bar)
+
+
+# Ops finished between two updates of a progress bar: often enough to see, rarely enough to cost nothing.
+PROGRESS_EVERY_OPS = 1 << 16
 
 
 def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace, eager_limit,
-         alpha_rendezvous, duplex) -> SimResult:
+         alpha_rendezvous, duplex, bar) -> SimResult:
     if eager_limit is None:
         eager_limit, alpha_rendezvous = float("inf"), alpha
     kinds, peers, sizes, dependents, channel_next = ([p[k] for p in programs] for k in range(5))
@@ -443,6 +461,7 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
             if not waiting[d]:
                 ready.append((r, d))
 
+    popped = 0
     while True:
         while ready:  # everything that became ready at `now`
             r, i = ready.popleft()
@@ -473,6 +492,9 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
                 start_message(s, j)
         if not events:
             break
+        popped += 1
+        if not popped % PROGRESS_EVERY_OPS:
+            bar.update(sum(done) - bar.n)
         now, _, r, i = pop(events)
         if kinds[r][i] == SEND:
             q = peers[r][i]
@@ -562,7 +584,8 @@ def run(args) -> SimResult:
                                                               "eager_limit": None, "alpha_rendezvous": None,
                                                               "duplex": True}
     params.update({name: getattr(args, name) for name in params if getattr(args, name) is not None})
-    result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment, **params)
+    result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment,
+                      progress=True, **params)
     n, k = args.ranks, args.bytes
     ideal = 2 * (n - 1) * k / n
     rounding = ("exact: every chunk holds the same whole number of elements" if (k // args.itemsize) % n == 0 else

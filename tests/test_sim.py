@@ -1,9 +1,14 @@
 """The α-β-γ simulator, the draw command and the calibration fits, checked without MPI."""
 
+import fcntl
 import json
 import math
+import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -279,6 +284,30 @@ def test_a_command_whose_reader_goes_away_stops_quietly():
     command.stdout.close()
     assert command.wait(timeout=60) == 1
     assert command.stderr.read() == b""
+
+
+SIMULATE_EVERY_RANK = [sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "64",
+                       "--bytes", "1MiB", "--no-duplex"]  # one port per rank: no shortcut
+
+
+def test_simulating_every_rank_shows_progress_on_a_terminal_and_nothing_elsewhere():
+    pid, terminal = pty.fork()
+    if pid == 0:  # the command, on a terminal 100 columns wide
+        fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+        os.execv(sys.executable, SIMULATE_EVERY_RANK)
+    shown = b""
+    while True:
+        try:
+            data = os.read(terminal, 4096)
+        except OSError:  # the command has ended
+            break
+        if not data:
+            break
+        shown += data
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert b"building schedules" in shown and b"simulating" in shown and b"predicted time" in shown
+    piped = subprocess.run(SIMULATE_EVERY_RANK, capture_output=True, check=True)
+    assert piped.stderr == b"" and b"predicted time" in piped.stdout
 
 
 def test_calibration_fits_recover_known_parameters():
