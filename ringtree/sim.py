@@ -347,7 +347,8 @@ def rank_programs(algorithm: str, nranks: int, count: int, segment: int = 0, win
     again with other costs. `progress`: a progress bar on stderr, where that is a terminal."""
     jobs = [(algorithm, nranks, rank, count, segment, window, itemsize, regions) for rank in range(ranks or nranks)]
     workers = min(os.cpu_count() or 1, 8)
-    with _without_gc(), _bar(progress, len(jobs), "building schedules", "rank") as bar:  # forked workers inherit it
+    # Forked workers inherit the collector switched off.
+    with _without_gc(), _bar(progress, len(jobs), "building schedules", "rank") as bar:
         if len(jobs) < PARALLEL_FROM_RANKS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
             return list(_counted(map(_program, jobs), bar))
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -405,8 +406,8 @@ def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, 
                     eager_limit, alpha_rendezvous, duplex, bar)
 
 
-# Ops finished between two updates of a progress bar: often enough to see, rarely enough to cost nothing.
-PROGRESS_EVERY_OPS = 1 << 16
+# Events between two updates of the progress bar: often enough to see, rarely enough to cost nothing.
+PROGRESS_EVERY_EVENTS = 1 << 16
 
 
 def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace, eager_limit,
@@ -493,7 +494,7 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
         if not events:
             break
         popped += 1
-        if not popped % PROGRESS_EVERY_OPS:
+        if not popped % PROGRESS_EVERY_EVENTS:
             bar.update(sum(done) - bar.n)
         now, _, r, i = pop(events)
         if kinds[r][i] == SEND:
