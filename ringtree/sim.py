@@ -114,12 +114,14 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     segment_elements = max(1, segment // itemsize) if segment else 0
     turns = TURNING.get(algorithm)
     built_for = turns(nranks, count) if turns is not None else None
+    template = None
+    if built_for is not None and nranks > 1 and not trace:
+        template = _program((algorithm, nranks, 0, built_for, segment_elements, window, itemsize, True))
     # Both shortcuts need full duplex: with one port per rank, a port serves two channels, in an order
     # that depends on the times, and ranks alike in schedule need not be alike in time.
-    if built_for is not None and nranks > 1 and duplex and not trace:
-        program = _program((algorithm, nranks, 0, built_for, segment_elements, window, itemsize, True))
+    if template is not None and duplex:
         with _without_gc():
-            result = _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements,
+            result = _run_turned(template, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements,
                                  alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous, built_for)
         if result is not None:
             return result
@@ -129,7 +131,12 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
                                alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
         if result is not None:
             return result
-    programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace, progress=progress)
+    programs = None
+    if template is not None and count % nranks == 0:
+        programs = turned_programs(template, nranks, count, segment_elements)
+    if programs is None:
+        programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace,
+                                 progress=progress)
     return run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
                         eager_limit, alpha_rendezvous, duplex=duplex, progress=progress)
 
@@ -193,6 +200,25 @@ def turned_sizes(program: tuple, nranks: int, count: int, segment: int, built_fo
     chunk_of = np.array([c for c, _ in place], dtype=np.int64)[:, None]
     offset_of = np.array([o for _, o in place], dtype=np.int64)[:, None]
     return np.minimum(segment or max(count, 1), lengths[(chunk_of + ranks) % nranks] - offset_of)
+
+
+def turned_programs(template: tuple, nranks: int, count: int, segment: int) -> list[tuple] | None:
+    """Every rank's program, as rank_programs gives it, from rank 0's (built with regions) for a
+    schedule in algorithms.TURNING whose chunks are all alike (count a multiple of nranks; segment
+    in elements): the peers turned, the rest shared, which also keeps the event simulation's working
+    set small. (Chunks of two lengths give ranks the same ops but not always the same dependencies:
+    regions of different lengths in one receive slot overlap differently.) None where the chunks are
+    not alike, or rank 0's regions are not whole chunks or segments of them."""
+    if count % nranks:
+        return None
+    elements = turned_sizes(template, nranks, count, segment)
+    if elements is None or not elements.all():
+        return None
+    kinds, peers, sizes, dependents, channel_next, initial_pending, channels = template[:7]
+    return [(kinds, [None if peer is None else (peer + rank) % nranks for peer in peers], sizes, dependents,
+             channel_next, initial_pending,
+             {(kind, (peer + rank) % nranks): indices for (kind, peer), indices in channels.items()}, None)
+            for rank in range(nranks)]
 
 
 def _one_peer_each_way(channels: dict) -> bool:

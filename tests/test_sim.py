@@ -19,7 +19,8 @@ from ringtree.algorithms import ALGORITHMS, PERIOD, TURNING
 from ringtree.algorithms.tree import binomial_family
 from ringtree.calibrate import best_fit, fit_per_byte, fit_protocols
 from ringtree.draw import draw
-from ringtree.sim import _run_periodic, _run_turned, rank_programs, run_programs, simulate, turned_sizes
+from ringtree.sim import (_run_periodic, _run_turned, rank_programs, run_programs, simulate, turned_programs,
+                          turned_sizes)
 
 COSTS = dict(alpha=1e-5, beta=1e-9, gamma=5e-10)
 
@@ -226,6 +227,26 @@ def test_a_1024_rank_segmented_ring_with_fewer_elements_than_ranks_runs_every_ra
     assert sum(result.bytes_sent) == sum(result.bytes_received) == 2 * 1023 * 1023 * 4  # each element 2(N-1) hops
 
 
+@pytest.mark.parametrize("nranks, count, segment", [(2, 2, 0), (5, 5 * 40, 7), (8, 8 * 64, 16), (16, 16 * 3, 0),
+                                                   (13, 13 * 50, 12)])
+@pytest.mark.parametrize("window", [2, 4])
+def test_turned_programs_are_every_rank_s_own_where_chunks_are_alike(nranks, count, segment, window):
+    template = rank_programs("ring", nranks, count, segment, window, regions=True, ranks=1)[0]
+    turned = turned_programs(template, nranks, count, segment)
+    assert [program[:7] for program in turned] == [program[:7] for program in
+                                                  rank_programs("ring", nranks, count, segment, window)]
+
+
+def test_one_port_simulation_of_alike_chunks_builds_rank_0_s_schedule_only(monkeypatch):
+    expected = run_programs(rank_programs("ring", 12, 12 * 30, 8), "ring", 12, 4 * 12 * 30, 4, 32, **COSTS,
+                            duplex=False)
+
+    def every_rank(*args, **kwargs):
+        raise AssertionError("every rank's schedule built")
+    monkeypatch.setattr(ringtree.sim, "rank_programs", every_rank)
+    assert _outcome(simulate("ring", 12, 4 * 12 * 30, segment=32, **COSTS, duplex=False)) == _outcome(expected)
+
+
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_1024_ranks(algorithm):
     result = simulate(algorithm, 1024, 1 << 20, **COSTS)
@@ -286,8 +307,8 @@ def test_a_command_whose_reader_goes_away_stops_quietly():
     assert command.stderr.read() == b""
 
 
-SIMULATE_EVERY_RANK = [sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "64",
-                       "--bytes", "1MiB", "--no-duplex"]  # one port per rank: no shortcut
+SIMULATE_EVERY_RANK = [sys.executable, "-m", "ringtree", "simulate", "--algorithm", "tree", "--ranks", "64",
+                       "--bytes", "1MiB", "--no-duplex"]  # a tree, one port per rank: no shortcut
 
 
 def test_simulating_every_rank_shows_progress_on_a_terminal_and_nothing_elsewhere():
