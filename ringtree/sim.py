@@ -131,9 +131,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
                                alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
         if result is not None:
             return result
-    programs = None
-    if template is not None and count % nranks == 0:
-        programs = turned_programs(template, nranks, count, segment_elements)
+    programs = turned_programs(template, nranks, count, segment_elements) if template is not None else None
     if programs is None:
         programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace,
                                  progress=progress)
