@@ -209,8 +209,7 @@ def turned_programs(template: tuple, nranks: int, count: int, segment: int) -> l
     not alike, or rank 0's regions are not whole chunks or segments of them."""
     if count % nranks:
         return None
-    elements = turned_sizes(template, nranks, count, segment)
-    if elements is None or not elements.all():
+    if turned_sizes(template, nranks, count, segment) is None:
         return None
     kinds, peers, sizes, dependents, channel_next, initial_pending, channels = template[:7]
     return [(kinds, [None if peer is None else (peer + rank) % nranks for peer in peers], sizes, dependents,

@@ -217,12 +217,18 @@ def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_si
     assert simulate("ring", 16, 4 * (16 * 64 + 7), segment=64, **COSTS).finish == full.finish
 
 
-def test_a_1024_rank_segmented_ring_with_fewer_elements_than_ranks_runs_every_rank_at_once(monkeypatch):
-    # 1023 elements: a period of 1024 ranks, so without the turned shortcut every rank's schedule would
-    # be built (rank_programs) and run as events, which takes minutes.
+@pytest.fixture
+def refuse_rank_by_rank(monkeypatch):
+    """A call that makes building every rank's schedule (rank_programs) fail the test from then on."""
     def every_rank(*args, **kwargs):
-        raise AssertionError("simulated rank by rank")
-    monkeypatch.setattr(ringtree.sim, "rank_programs", every_rank)
+        raise AssertionError("every rank's schedule built")
+    return lambda: monkeypatch.setattr(ringtree.sim, "rank_programs", every_rank)
+
+
+def test_a_1024_rank_segmented_ring_with_fewer_elements_than_ranks_runs_every_rank_at_once(refuse_rank_by_rank):
+    # 1023 elements: a period of 1024 ranks, so without the turned shortcut every rank's schedule would
+    # be built and run as events, which takes minutes.
+    refuse_rank_by_rank()
     result = simulate("ring", 1024, 4 * 1023, segment=4, **COSTS)
     assert sum(result.bytes_sent) == sum(result.bytes_received) == 2 * 1023 * 1023 * 4  # each element 2(N-1) hops
 
@@ -237,13 +243,10 @@ def test_turned_programs_are_every_rank_s_own_where_chunks_are_alike(nranks, cou
                                                   rank_programs("ring", nranks, count, segment, window)]
 
 
-def test_one_port_simulation_of_alike_chunks_builds_rank_0_s_schedule_only(monkeypatch):
+def test_one_port_simulation_of_alike_chunks_builds_rank_0_s_schedule_only(refuse_rank_by_rank):
     expected = run_programs(rank_programs("ring", 12, 12 * 30, 8), "ring", 12, 4 * 12 * 30, 4, 32, **COSTS,
                             duplex=False)
-
-    def every_rank(*args, **kwargs):
-        raise AssertionError("every rank's schedule built")
-    monkeypatch.setattr(ringtree.sim, "rank_programs", every_rank)
+    refuse_rank_by_rank()
     assert _outcome(simulate("ring", 12, 4 * 12 * 30, segment=32, **COSTS, duplex=False)) == _outcome(expected)
 
 
