@@ -437,14 +437,29 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
          alpha_rendezvous, duplex, bar) -> SimResult:
     if eager_limit is None:
         eager_limit, alpha_rendezvous = float("inf"), alpha
-    kinds, peers, sizes, dependents, channel_next = ([p[k] for p in programs] for k in range(5))
-    pending = [list(p[5]) for p in programs]  # counted down here; the programs stay reusable
-    partner = _partners(programs, algorithm)
-
-    posted = [bytearray(len(k)) for k in kinds]
-    started = [bytearray(len(k)) for k in kinds]  # messages, by their send
-    start = [[0.0] * len(k) for k in kinds] if trace else None
-    finish = [[0.0] * len(k) for k in kinds]
+    kinds = [p[0] for p in programs]
+    # What changes as the simulation runs, and the peers, which differ from rank to rank, are kept op
+    # by op: op i of rank r at i * nranks + r. The ranks move through their ops at about the same
+    # pace, so the state of all of them sits in a few pages rather than one page per rank (at 1024
+    # ranks, rank by rank, every op touched another page and the run took twice as long per op).
+    lengths = [len(k) for k in kinds]
+    flat = max(lengths, default=0) * nranks
+    kind_of = bytearray(flat)
+    pending = [0] * flat  # counted down here; the programs stay reusable
+    peer_of, size_of, dependents_of, next_of, partner_of = [0] * flat, [0] * flat, [()] * flat, [0] * flat, [0] * flat
+    for r, (program, partners) in enumerate(zip(programs, _partners(programs, algorithm))):
+        end = lengths[r] * nranks
+        kind_of[r:end:nranks] = program[0]
+        peer_of[r:end:nranks] = program[1]
+        size_of[r:end:nranks] = program[2]
+        dependents_of[r:end:nranks] = program[3]
+        next_of[r:end:nranks] = program[4]
+        pending[r:end:nranks] = program[5]
+        partner_of[r:end:nranks] = partners
+    posted = bytearray(flat)
+    started = bytearray(flat)  # messages, by their send
+    start = [0.0] * flat if trace else None
+    finish = [0.0] * flat
     done = [0] * nranks
     cpu_busy, send_busy, recv_busy = [False] * nranks, [False] * nranks, [False] * nranks
     cpu_queue = [deque() for _ in range(nranks)]
@@ -456,62 +471,65 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
     tick = itertools.count()
     push, pop = heapq.heappush, heapq.heappop
     now = overhead  # every rank starts after its call's fixed cost
-    ready = deque((r, i) for r in range(nranks) for i, p in enumerate(pending[r]) if p == 0)
+    ready = deque((r, i) for r, program in enumerate(programs) for i, waiting in enumerate(program[5]) if not waiting)
 
     def start_message(s: int, j: int) -> None:
-        r = peers[s][j]
-        started[s][j] = 1
+        g = j * nranks + s
+        r = peer_of[g]
+        started[g] = 1
         send_busy[s] = recv_busy[r] = True
         if trace:
-            start[s][j] = start[r][partner[s][j]] = now
-        size = sizes[s][j]
+            start[g] = start[partner_of[g] * nranks + r] = now
+        size = size_of[g]
         push(events, (now + (alpha if size <= eager_limit else alpha_rendezvous) + beta * size, next(tick), s, j))
 
     def serve(queue: deque) -> None:
         """Start the first waiting message whose other port is free too."""
-        while queue and started[queue[0][0]][queue[0][1]]:
+        while queue and started[queue[0][1] * nranks + queue[0][0]]:
             queue.popleft()
         for s, j in queue:
-            if not (started[s][j] or send_busy[s] or recv_busy[peers[s][j]]):
+            g = j * nranks + s
+            if not (started[g] or send_busy[s] or recv_busy[peer_of[g]]):
                 start_message(s, j)
                 return
 
     def finished(r: int, i: int) -> None:
-        finish[r][i] = now
+        finish[i * nranks + r] = now
         done[r] += 1
-        waiting = pending[r]
-        for d in dependents[r][i]:
-            waiting[d] -= 1
-            if not waiting[d]:
+        for d in dependents_of[i * nranks + r]:
+            g = d * nranks + r
+            pending[g] -= 1
+            if not pending[g]:
                 ready.append((r, d))
 
     popped = 0
     while True:
         while ready:  # everything that became ready at `now`
             r, i = ready.popleft()
-            kind = kinds[r][i]
+            g = i * nranks + r
+            kind = kind_of[g]
             if kind >= REDUCE:
                 if cpu_busy[r]:
                     cpu_queue[r].append(i)
                 else:
                     cpu_busy[r] = True
                     if trace:
-                        start[r][i] = now
-                    push(events, (now + gamma * sizes[r][i], next(tick), r, i))
+                        start[g] = now
+                    push(events, (now + gamma * size_of[g], next(tick), r, i))
                 continue
-            following = channel_next[r][i]
+            following = next_of[g]
             if following >= 0:  # the next message on this channel may be posted now
-                pending[r][following] -= 1
-                if not pending[r][following]:
+                pending[following * nranks + r] -= 1
+                if not pending[following * nranks + r]:
                     ready.append((r, following))
-            q, k = peers[r][i], partner[r][i]
-            if not posted[q][k]:
-                posted[r][i] = 1
+            q, k = peer_of[g], partner_of[g]
+            if not posted[k * nranks + q]:
+                posted[g] = 1
                 continue
             s, j = (r, i) if kind == SEND else (q, k)
-            if send_busy[s] or recv_busy[peers[s][j]]:
+            if send_busy[s] or recv_busy[peer_of[j * nranks + s]]:
                 send_queue[s].append((s, j))
-                recv_queue[peers[s][j]].append((s, j))
+                recv_queue[peer_of[j * nranks + s]].append((s, j))
             else:
                 start_message(s, j)
         if not events:
@@ -520,11 +538,12 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
         if not popped % PROGRESS_EVERY_EVENTS:
             bar.update(sum(done) - bar.n)
         now, _, r, i = pop(events)
-        if kinds[r][i] == SEND:
-            q = peers[r][i]
+        g = i * nranks + r
+        if kind_of[g] == SEND:
+            q = peer_of[g]
             send_busy[r] = recv_busy[q] = False
             finished(r, i)
-            finished(q, partner[r][i])
+            finished(q, partner_of[g])
             serve(send_queue[r])
             serve(recv_queue[q])
         else:
@@ -534,24 +553,25 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
                 following = cpu_queue[r].popleft()
                 cpu_busy[r] = True
                 if trace:
-                    start[r][following] = now
-                push(events, (now + gamma * sizes[r][following], next(tick), r, following))
+                    start[following * nranks + r] = now
+                push(events, (now + gamma * size_of[following * nranks + r], next(tick), r, following))
 
-    stuck = [(r, len(kinds[r]) - done[r]) for r in range(nranks) if done[r] < len(kinds[r])]
+    stuck = [(r, lengths[r] - done[r]) for r in range(nranks) if done[r] < lengths[r]]
     if stuck:
         raise RuntimeError(f"{algorithm} on {nranks} ranks cannot finish: (rank, ops left) {stuck[:8]}")
 
     volume = [[0, 0, 0, 0] for _ in range(nranks)]  # per rank, bytes per kind of op: one pass over them all
-    for r in range(nranks):
-        for kind, size in zip(kinds[r], sizes[r]):
+    for r, program in enumerate(programs):
+        for kind, size in zip(program[0], program[2]):
             volume[r][kind] += size
 
-    rank_finish = tuple(max(f, default=overhead) for f in finish)
+    rank_finish = tuple(max(finish[r:lengths[r] * nranks:nranks], default=overhead) for r in range(nranks))
     trace_events = None
     if trace:
         trace_events = tuple(sorted(
-            (Event(r, i, KIND_NAMES[kinds[r][i]], peers[r][i], start[r][i], finish[r][i], programs[r][7][i])
-             for r in range(nranks) for i in range(len(kinds[r]))),
+            (Event(r, i, KIND_NAMES[kinds[r][i]], peer_of[i * nranks + r], start[i * nranks + r],
+                   finish[i * nranks + r], programs[r][7][i])
+             for r in range(nranks) for i in range(lengths[r])),
             key=lambda e: (e.start, e.rank, e.index)))
     return SimResult(algorithm, nranks, nbytes, itemsize, segment, max(rank_finish), rank_finish,
                      tuple(v[SEND] for v in volume), tuple(v[RECV] for v in volume),
