@@ -131,7 +131,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
                                alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
         if result is not None:
             return result
-    programs = turned_programs(template, nranks, count, segment_elements) if template is not None else None
+    programs = turned_programs(template, nranks, count, segment_elements, itemsize) if template is not None else None
     if programs is None:
         programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace,
                                  progress=progress)
@@ -200,20 +200,28 @@ def turned_sizes(program: tuple, nranks: int, count: int, segment: int, built_fo
     return np.minimum(segment or max(count, 1), lengths[(chunk_of + ranks) % nranks] - offset_of)
 
 
-def turned_programs(template: tuple, nranks: int, count: int, segment: int) -> list[tuple] | None:
-    """Every rank's program, as rank_programs gives it, from rank 0's (built with regions) for a
-    schedule in algorithms.TURNING whose chunks are all alike (count a multiple of nranks; segment
-    in elements): the peers turned, the rest shared, which also keeps the event simulation's working
-    set small. (Chunks of two lengths give ranks the same ops but not always the same dependencies:
-    regions of different lengths in one receive slot overlap differently.) None where the chunks are
-    not alike, or rank 0's regions are not whole chunks or segments of them."""
-    if count % nranks:
+def turned_programs(template: tuple, nranks: int, count: int, segment: int, itemsize: int = 4) -> list[tuple] | None:
+    """Every rank's program, for the event simulation, from rank 0's (built with regions) for a
+    schedule in algorithms.TURNING with no chunk empty (count >= nranks; segment in elements): the
+    peers turned, each op's size that of the chunk it falls on there, the rest shared, which also keeps
+    the simulation's working set small. Where chunks differ by an element, a rank's own program may
+    list more dependencies than the turned one (regions of different lengths in one receive slot
+    overlap differently), but only ones that a chain of others already implies: each op is released by
+    the same op finishing, so both simulate alike (tests compare them). None where some chunk is empty,
+    rank 0's regions are not whole chunks or segments of them, or chunks split into different numbers
+    of segments."""
+    if count < nranks:
         return None
-    if turned_sizes(template, nranks, count, segment) is None:
+    elements = turned_sizes(template, nranks, count, segment)
+    if elements is None:
         return None
     kinds, peers, sizes, dependents, channel_next, initial_pending, channels = template[:7]
-    return [(kinds, [None if peer is None else (peer + rank) % nranks for peer in peers], sizes, dependents,
-             channel_next, initial_pending,
+    turned_sizes_of = None
+    if count % nranks:  # a few distinct sizes: one int object each, shared, not one per op and rank
+        values, which = np.unique(elements.T * itemsize, return_inverse=True)
+        turned_sizes_of = np.array(values.tolist(), dtype=object)[which.reshape(nranks, -1)].tolist()
+    return [(kinds, [None if peer is None else (peer + rank) % nranks for peer in peers],
+             sizes if turned_sizes_of is None else turned_sizes_of[rank], dependents, channel_next, initial_pending,
              {(kind, (peer + rank) % nranks): indices for (kind, peer), indices in channels.items()}, None)
             for rank in range(nranks)]
 
@@ -438,10 +446,9 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
     if eager_limit is None:
         eager_limit, alpha_rendezvous = float("inf"), alpha
     kinds = [p[0] for p in programs]
-    # What changes as the simulation runs, and the peers, which differ from rank to rank, are kept op
-    # by op: op i of rank r at i * nranks + r. The ranks move through their ops at about the same
-    # pace, so the state of all of them sits in a few pages rather than one page per rank (at 1024
-    # ranks, rank by rank, every op touched another page and the run took twice as long per op).
+    # Every op's data and state are kept op by op across the ranks: op i of rank r at i * nranks + r.
+    # The ranks move through their ops at about the same pace, so an event touches a few pages rather
+    # than one per rank (kept rank by rank, one port per rank at 1024 ranks ran 42 s rather than 25).
     lengths = [len(k) for k in kinds]
     flat = max(lengths, default=0) * nranks
     kind_of = bytearray(flat)

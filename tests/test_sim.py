@@ -102,10 +102,10 @@ def test_tree_root_carries_log_n_times_the_data():
     assert sum(result.bytes_sent) == 2 * (nranks - 1) * k  # each rank but the root: once up, once down
 
 
-def _every_rank(nranks, count, segment, costs):
+def _every_rank(nranks, count, segment, costs, duplex=True):
     """The ring of `count` float32 elements (segments of `segment`), every rank built and simulated."""
     return run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
-                        **costs)
+                        **costs, duplex=duplex)
 
 
 def _outcome(result):
@@ -200,11 +200,12 @@ def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(
 @given(nranks=st.integers(2, 24), per_rank=st.sampled_from([0, 0, 1, 2, 5]), extra=st.integers(0, 23),
        segment=st.sampled_from([0, 0, 1, 3]), costs=st.sampled_from([
            COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5, eager_limit=8, alpha_rendezvous=2e-5),
-           dict(alpha=0.0, beta=1e-9, gamma=5e-9), dict(alpha=1e-6, beta=0.0, gamma=0.0)]))
-def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_rank, extra, segment, costs):
+           dict(alpha=0.0, beta=1e-9, gamma=5e-9), dict(alpha=1e-6, beta=0.0, gamma=0.0)]),
+       duplex=st.booleans())
+def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_rank, extra, segment, costs, duplex):
     count = per_rank * nranks + extra % nranks
-    fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs)
-    assert _outcome(fast) == _outcome(_every_rank(nranks, count, segment, costs))
+    fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs, duplex=duplex)
+    assert _outcome(fast) == _outcome(_every_rank(nranks, count, segment, costs, duplex))
 
 
 def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_simulated():
@@ -243,11 +244,45 @@ def test_turned_programs_are_every_rank_s_own_where_chunks_are_alike(nranks, cou
                                                   rank_programs("ring", nranks, count, segment, window)]
 
 
-def test_one_port_simulation_of_alike_chunks_builds_rank_0_s_schedule_only(refuse_rank_by_rank):
-    expected = run_programs(rank_programs("ring", 12, 12 * 30, 8), "ring", 12, 4 * 12 * 30, 4, 32, **COSTS,
-                            duplex=False)
+@pytest.mark.parametrize("count", [12 * 30, 12 * 30 + 5])
+def test_one_port_simulation_builds_rank_0_s_schedule_only(refuse_rank_by_rank, count):
+    expected = run_programs(rank_programs("ring", 12, count, 8), "ring", 12, 4 * count, 4, 32, **COSTS, duplex=False)
     refuse_rank_by_rank()
-    assert _outcome(simulate("ring", 12, 4 * 12 * 30, segment=32, **COSTS, duplex=False)) == _outcome(expected)
+    assert _outcome(simulate("ring", 12, 4 * count, segment=32, **COSTS, duplex=False)) == _outcome(expected)
+
+
+def _ordered(dependents) -> list[int]:
+    """Each op's transitive successors, as a bit mask: the order a program's dependencies impose."""
+    after = [0] * len(dependents)
+    for op in reversed(range(len(dependents))):
+        for successor in dependents[op]:
+            after[op] |= after[successor] | 1 << successor
+    return after
+
+
+# Chunks differing by an element, unsplit or split into as many segments on every rank.
+@pytest.mark.parametrize("nranks, count, segment", [(3, 4, 0), (7, 13, 0), (7, 20, 3), (5, 5 * 9 + 2, 4),
+                                                   (16, 16 * 3 + 15, 0), (9, 9 * 6 + 4, 4)])
+@pytest.mark.parametrize("window", [2, 4])
+def test_turned_programs_simulate_as_every_rank_s_own_where_chunks_differ_by_one(nranks, count, segment, window):
+    template = rank_programs("ring", nranks, count, segment, window, regions=True, ranks=1)[0]
+    turned = turned_programs(template, nranks, count, segment)
+    own = rank_programs("ring", nranks, count, segment, window)
+    # The same ops and sizes; a rank's own dependencies may link more ops, but never order them otherwise.
+    assert [(p[0], p[1], p[2], p[4], p[6]) for p in turned] == [(p[0], p[1], p[2], p[4], p[6]) for p in own]
+    assert [_ordered(p[3]) for p in turned] == [_ordered(p[3]) for p in own]
+    for costs in (COSTS, dict(alpha=0.0, beta=1e-9, gamma=1e-9),
+                  dict(alpha=2e-6, beta=3e-10, gamma=2e-9, eager_limit=16, alpha_rendezvous=9e-6)):
+        for duplex in (True, False):
+            assert _outcome(run_programs(turned, "ring", nranks, 4 * count, 4, 4 * segment, **costs, duplex=duplex)) \
+                == _outcome(run_programs(own, "ring", nranks, 4 * count, 4, 4 * segment, **costs, duplex=duplex))
+
+
+def test_turned_programs_decline_empty_chunks_and_chunks_split_unalike():
+    assert turned_programs(rank_programs("ring", 8, 8, regions=True, ranks=1)[0], 8, 5, 0) is None
+    # chunks of 64 and 65 elements in segments of 16: 4 on some ranks, 5 on others
+    template = rank_programs("ring", 16, 16 * 64 + 7, 16, regions=True, ranks=1)[0]
+    assert turned_programs(template, 16, 16 * 64 + 7, 16) is None
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
