@@ -26,10 +26,11 @@ the ranks around (algorithms.TURNING: the ring, less the ops on empty chunks)
 is built for rank 0 only, and every rank's op k is simulated at once, as numpy
 vectors over the ranks, with the same result as the event simulation; where
 that equivalence cannot be shown for the costs given (two ops of a rank's
-processor ready at once, say), the event simulation runs instead. One whose
-every P-th rank's schedule is the same up to turning (algorithms.PERIOD: the
-ring's where chunks of two lengths split into different numbers of segments)
-is simulated on P ranks that stand for all.
+processor ready at once, say, or one port per rank), the event simulation
+runs instead, on every rank's program turned from rank 0's where no chunk is
+empty. One whose every P-th rank's schedule is the same up to turning
+(algorithms.PERIOD: the ring's where chunks of two lengths split into
+different numbers of segments) is simulated on P ranks that stand for all.
 """
 
 from __future__ import annotations
