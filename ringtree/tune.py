@@ -9,8 +9,14 @@ then down, and averages. It then fits the α-β-γ model to all the timings, pri
 algorithm wins from which size, and writes the rules for this rank count into
 the table file, keeping the rules it holds for other rank counts.
 
+With --merge it re-tunes only the sizes of its grid, in a table that already
+has rules for this rank count: each algorithm runs with the table's segment
+size for it, the rules for sizes above the grid point below -b up to -e are
+replaced, and the table's rules for smaller and larger sizes stay.
+
     mpiexec -n 2 python -m ringtree tune -o tuning.json
     RINGTREE_TUNING_FILE=tuning.json mpiexec -n 2 python my_training.py
+    mpiexec -n 2 python -m ringtree tune -b 8M -e 32M --merge -o tuning.json
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default="ringtree-tuning.json",
                         help="table file to write; rules for other rank counts already in it are kept")
     parser.add_argument("--note", default="", help="where this was measured (e.g. '2-core VM'), kept in the file")
+    parser.add_argument("--merge", action="store_true",
+                        help="re-tune only this grid's sizes in the table's rules for this rank count, with the "
+                             "table's segment sizes; its rules for other sizes stay")
 
 
 def candidates(nbytes: int, algorithms: list[str], segments: list[int]) -> list[tuple[str, int]]:
@@ -70,18 +79,26 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
     segments = [parse_size(s) for s in args.segments.split(",") if s]
     sizes = size_grid(args.minbytes, args.maxbytes, args.stepfactor)
+    table = _table_to_merge(comm, args.output) if args.merge else None
+    kept_segments = table["segments"][str(nranks)] if args.merge else None
+
+    def cases(nbytes: int) -> list[tuple[str, int]]:
+        if kept_segments is None:
+            return candidates(nbytes, algorithms, segments)
+        return [(alg, seg if nbytes > seg else 0) for alg in algorithms
+                for seg in [kept_segments.get(alg, SEGMENT_BYTES)]]
 
     progress = None
     if rank == 0:
         from tqdm import tqdm
-        progress = tqdm(total=args.passes * sum(len(candidates(s, algorithms, segments)) for s in sizes),
-                        unit="case", desc=f"tune {nranks} ranks")
+        progress = tqdm(total=args.passes * sum(len(cases(s)) for s in sizes), unit="case",
+                        desc=f"tune {nranks} ranks")
     # Each pass times the whole grid, the second from the largest size down; a case's time is the
     # mean over passes, so a choice rests on the machine at more than one moment.
     passes: dict[int, list[dict]] = {nbytes: [] for nbytes in sizes}
     for k in range(args.passes):
         for nbytes in sizes if k % 2 == 0 else sizes[::-1]:
-            passes[nbytes].append(_measure(comm, nbytes, candidates(nbytes, algorithms, segments), args))
+            passes[nbytes].append(_measure(comm, nbytes, cases(nbytes), args))
             if progress is not None:
                 progress.update(len(passes[nbytes][-1]))
     if progress is not None:
@@ -93,12 +110,20 @@ def run(args: argparse.Namespace) -> None:
             for nbytes, runs in passes.items()}
     measurements = [(alg, nranks, nbytes, seg, seconds)
                     for nbytes, timed in mean.items() for (alg, seg), seconds in timed.items()]
+    if args.merge:  # the times of the sizes not re-tuned stay, and the model is fitted to all
+        measurements += [(m["algorithm"], nranks, m["bytes"], m["segment"], m["seconds"])
+                         for m in table["measured"].get(str(nranks), []) if m["bytes"] not in mean]
     params = fit(measurements)
     # One segment size per algorithm, then one algorithm per size: auto then runs exactly what a call
     # naming that algorithm runs, and the table has fewer knobs to fit to noise.
-    best_segments = segments_from(measurements)
+    best_segments = kept_segments or segments_from(measurements)
     winners = winners_from(mean, algorithms, best_segments)
-    rules = rules_from(winners, nranks)
+    if args.merge:
+        below = sizes[0] // args.stepfactor if sizes[0] >= args.stepfactor else -1  # the grid point below
+        rules = merged_rules([rule for rule in table["rules"] if rule["ranks"] == [nranks, nranks]],
+                             rules_from(winners, nranks, below, open_end=False), below, sizes[-1])
+    else:
+        rules = rules_from(winners, nranks)
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
           f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
     print(f"\n{nranks} ranks: which algorithm wins from which size")
@@ -155,19 +180,38 @@ def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list
             for nbytes, alg, times in zip(sizes, chosen, time_of)]
 
 
-def rules_from(winners: list[tuple[int, str, int, float]], nranks: int) -> list[dict]:
+def rules_from(winners: list[tuple[int, str, int, float]], nranks: int, previous: int = -1,
+               open_end: bool = True) -> list[dict]:
     """Rules for one rank count from the winner at each size: runs of one winner become one rule,
-    covering the sizes above the previous grid point up to its last grid point."""
+    covering the sizes above the previous grid point (the first: above `previous`) up to its last
+    grid point; with `open_end`, the last rule covers every larger size too."""
     rules: list[dict] = []
-    previous = -1
     for i, (nbytes, algorithm, segment, _) in enumerate(winners):
-        last = i == len(winners) - 1
+        last = i == len(winners) - 1 and open_end
         if rules and (rules[-1]["algorithm"], rules[-1]["segment"]) == (algorithm, segment):
             rules[-1]["bytes"][1] = None if last else nbytes
         else:
             rules.append({"ranks": [nranks, nranks], "bytes": [previous + 1, None if last else nbytes],
                           "algorithm": algorithm, "segment": segment})
         previous = nbytes
+    return rules
+
+
+def merged_rules(old: list[dict], new: list[dict], low: int, high: int) -> list[dict]:
+    """One rank count's rules: `old` for sizes up to `low` and above `high`, `new` (which covers the
+    sizes between) in between; neighbours with the same algorithm and segment become one rule."""
+    def upper(rule):
+        return float("inf") if rule["bytes"][1] is None else rule["bytes"][1]
+
+    below = [{**rule, "bytes": [rule["bytes"][0], min(upper(rule), low)]} for rule in old if rule["bytes"][0] <= low]
+    above = [{**rule, "bytes": [max(rule["bytes"][0], high + 1), rule["bytes"][1]]} for rule in old
+             if upper(rule) > high]
+    rules: list[dict] = []
+    for rule in below + new + above:
+        if rules and (rules[-1]["algorithm"], rules[-1]["segment"]) == (rule["algorithm"], rule["segment"]):
+            rules[-1]["bytes"][1] = rule["bytes"][1]
+        else:
+            rules.append({**rule, "bytes": list(rule["bytes"])})
     return rules
 
 
@@ -192,12 +236,7 @@ def write_table(path: str, nranks: int, rules: list[dict], params, best_segments
                 measurements) -> None:
     """Write the rules, model and every case's time (`measurements`: (algorithm, nranks, bytes,
     segment, seconds)) for `nranks` into the table at `path`, keeping other rank counts'."""
-    data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "segments": {}, "measured": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            data.update(json.load(f))
-    if data.get("format") != FORMAT:
-        raise SystemExit(f"{path} is not a ringtree tuning table; not overwriting it")
+    data = _read_table(path)
     kept = [rule for rule in data["rules"] if rule["ranks"] != [nranks, nranks]]
     data["rules"] = sorted(kept + rules, key=lambda rule: rule["ranks"][0])
     data["models"][str(nranks)] = params._asdict()
@@ -209,3 +248,34 @@ def write_table(path: str, nranks: int, rules: list[dict], params, best_segments
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+
+
+def _table_to_merge(comm, path: str) -> dict:
+    """The table at `path`, read on rank 0 and sent to all (the cases every rank times follow from
+    it); SystemExit on every rank where it has no rules and segment sizes for this rank count."""
+    nranks, table, error = comm.Get_size(), None, None
+    if comm.Get_rank() == 0:
+        try:
+            table = _read_table(path)
+        except (OSError, ValueError, SystemExit) as failure:
+            error = f"tune --merge: {failure}"
+        else:
+            if (str(nranks) not in table["segments"]
+                    or not any(rule["ranks"] == [nranks, nranks] for rule in table["rules"])):
+                error = (f"tune --merge: {path} has no rules and segment sizes for {nranks} ranks to merge into; "
+                         "tune the whole grid first")
+    table, error = comm.bcast((table, error))
+    if error:
+        raise SystemExit(error)
+    return table
+
+
+def _read_table(path: str) -> dict:
+    """The table at `path`, or an empty one where there is no file."""
+    data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "segments": {}, "measured": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            data.update(json.load(f))
+    if data.get("format") != FORMAT:
+        raise SystemExit(f"{path} is not a ringtree tuning table; not overwriting it")
+    return data

@@ -3,10 +3,13 @@
 import json
 import os
 import xml.dom.minidom
+from pathlib import Path
 
 import pytest
 from mpi4py import MPI
 
+import ringtree
+from ringtree.algorithms import ALGORITHMS
 from conftest import run_mpiexec
 
 pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
@@ -108,6 +111,32 @@ def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
         rule = next(i for i, r in enumerate(rules) if r["bytes"][0] <= size and (r["bytes"][1] or size) >= size)
         assert f"allreduce {size} B" in line and f"table tuning.json rule {rule}" in line
         assert rules[rule]["algorithm"] in line
+
+
+def test_tune_merge_retunes_only_its_sizes(tmp_path):
+    from ringtree.selector import TuningTable
+    shipped = Path(ringtree.__file__).parent / "tuning" / "default.json"
+    table = tmp_path / "tuning.json"
+    table.write_text(shipped.read_text())
+    before = json.loads(table.read_text())
+    run = run_mpiexec(2, "-m", "ringtree", "tune", "-b", "1K", "-e", "4K", "--iters", "3", "--merge",
+                      "-o", str(table))
+    assert run.returncode == 0, run.stdout + run.stderr
+    after = json.loads(table.read_text())
+    assert after["segments"] == before["segments"]
+    assert [r for r in after["rules"] if r["ranks"] != [2, 2]] == [r for r in before["rules"] if r["ranks"] != [2, 2]]
+    old, new = TuningTable(before, "before"), TuningTable(after, "after")
+    for nbytes in (0, 8, 512, 4097, 1 << 20, 1 << 30):  # outside the re-tuned sizes (512 B, 4 KiB]: as before
+        assert new.match(nbytes, 2, "float32", "sum")[1]["algorithm"] == old.match(nbytes, 2, "float32", "sum")[1]["algorithm"]
+    for nbytes in (1024, 4096):  # inside, at the grid's ends: the case measured fastest there
+        measured = [m for m in after["measured"]["2"] if m["bytes"] == nbytes]
+        assert {m["algorithm"] for m in measured} == set(ALGORITHMS)
+        fastest = min(measured, key=lambda m: m["seconds"])
+        assert new.match(nbytes, 2, "float32", "sum")[1]["algorithm"] == fastest["algorithm"]
+    # nothing to merge into: a clear error on every rank, and the file untouched
+    run = run_mpiexec(3, "-m", "ringtree", "tune", "-b", "1K", "-e", "1K", "--merge", "-o", str(table))
+    assert run.returncode != 0 and "no rules and segment sizes for 3 ranks" in run.stdout + run.stderr
+    assert json.loads(table.read_text()) == after
 
 
 def test_ranks_with_different_tables_get_a_clear_error_on_every_rank(tmp_path):

@@ -143,3 +143,26 @@ def test_tune_smooths_a_lone_near_tie_but_keeps_a_lone_clear_win():
     times[1 << 9]["ring"] = 0.98   # 2 % ahead at one size between two of the tree's: noise
     times[1 << 11]["ring"] = 0.80  # 20 % ahead: kept
     assert _winners(times) == ["tree", "tree", "tree", "ring", "tree"]
+
+
+def _rule(low, high, algorithm, segment=0):
+    return {"ranks": [2, 2], "bytes": [low, high], "algorithm": algorithm, "segment": segment}
+
+
+def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
+    from ringtree.tune import merged_rules, rules_from
+    old = [_rule(0, 1024, "recursive_doubling"), _rule(1025, 1 << 20, "rabenseifner", 1 << 21),
+           _rule((1 << 20) + 1, None, "ring", 1 << 22)]
+    # re-tuned 4 KiB to 64 KiB (grid point below: 2 KiB): the ring wins up to 16 KiB, then the tree
+    winners = [(4096, "ring", 1 << 22, 1.0), (16384, "ring", 1 << 22, 1.0), (65536, "tree", 1 << 21, 1.0)]
+    new = rules_from(winners, 2, 2048, open_end=False)
+    assert new == [_rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21)]
+    assert merged_rules(old, new, 2048, 65536) == [
+        _rule(0, 1024, "recursive_doubling"), _rule(1025, 2048, "rabenseifner", 1 << 21),
+        _rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21),
+        _rule(65537, 1 << 20, "rabenseifner", 1 << 21), _rule((1 << 20) + 1, None, "ring", 1 << 22)]
+    # a winner the same as the old rule next to it joins it; a re-tune of the largest sizes ends open
+    joined = merged_rules(old, rules_from([(1 << 21, "ring", 1 << 22, 1.0)], 2, 1 << 20, open_end=False),
+                          1 << 20, 1 << 21)
+    assert joined == old
+    assert merged_rules(old, [_rule(2049, 4096, "tree")], 2048, 4096)[-1] == old[-1]
