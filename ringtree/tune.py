@@ -85,8 +85,7 @@ def run(args: argparse.Namespace) -> None:
     def cases(nbytes: int) -> list[tuple[str, int]]:
         if kept_segments is None:
             return candidates(nbytes, algorithms, segments)
-        return [(alg, seg if nbytes > seg else 0) for alg in algorithms
-                for seg in [kept_segments.get(alg, SEGMENT_BYTES)]]
+        return [_case(alg, nbytes, kept_segments) for alg in algorithms]
 
     progress = None
     if rank == 0:
@@ -166,8 +165,7 @@ def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list
     sizes = sorted(mean)
     time_of = []
     for nbytes in sizes:
-        cases = {alg: (alg, seg if nbytes > seg else 0) for alg in algorithms
-                 for seg in [best_segments.get(alg, SEGMENT_BYTES)]}
+        cases = {alg: _case(alg, nbytes, best_segments) for alg in algorithms}
         time_of.append({alg: mean[nbytes][case] for alg, case in cases.items() if case in mean[nbytes]})
     best = [min(times, key=times.get) for times in time_of]
     chosen = list(best)
@@ -178,6 +176,13 @@ def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list
             chosen[i] = around
     return [(nbytes, alg, best_segments.get(alg, SEGMENT_BYTES), times[alg])
             for nbytes, alg, times in zip(sizes, chosen, time_of)]
+
+
+def _case(algorithm: str, nbytes: int, segments: dict[str, int]) -> tuple[str, int]:
+    """(algorithm, segment) as a call of `nbytes` naming it runs with these segment sizes: unsplit
+    where the message is no larger than its segment."""
+    segment = segments.get(algorithm, SEGMENT_BYTES)
+    return algorithm, segment if nbytes > segment else 0
 
 
 def rules_from(winners: list[tuple[int, str, int, float]], nranks: int, previous: int = -1,

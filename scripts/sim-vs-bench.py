@@ -52,7 +52,7 @@ def main() -> None:
         cells, pairs = [], []
         for algorithm in algorithms:
             segment = select(size, bench["ranks"], bench["dtype"], bench["op"], algorithm).segment
-            earlier = calibrated.get((algorithm, size, segment if size > segment else 0))
+            earlier = calibrated.get((algorithm, size, segment))  # 0 where unsplit, in select() as in calibrate
             pairs.append(None if earlier is None or bench["ranks"] != 2 else (rows[size, algorithm], earlier))
             simulated = simulate(algorithm, bench["ranks"], size, itemsize=itemsize, segment=segment,
                                  window=WINDOW, **params).time * 1e6
