@@ -636,8 +636,11 @@ def run(args) -> SimResult:
                                                               "eager_limit": None, "alpha_rendezvous": None,
                                                               "duplex": True}
     params.update({name: getattr(args, name) for name in params if getattr(args, name) is not None})
-    result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment,
-                      progress=True, **params)
+    try:
+        result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment,
+                          progress=True, **params)
+    except ValueError as error:
+        raise SystemExit(f"simulate: {error}") from None
     n, k = args.ranks, args.bytes
     ideal = 2 * (n - 1) * k / n
     rounding = ("exact: every chunk holds the same whole number of elements" if (k // args.itemsize) % n == 0 else

@@ -181,9 +181,14 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     from ringtree.calibrate import load
     from ringtree.sim import simulate
     path = tmp_path / "calibration.json"
-    run = run_mpiexec(2, "-m", "ringtree", "calibrate", "-e", "64K", "--iters", "3", "-o", str(path))
+    run = run_mpiexec(2, "-m", "ringtree", "calibrate", "-e", "64K", "--iters", "3", "--passes", "3",
+                      "-o", str(path))
     assert run.returncode == 0, run.stdout + run.stderr
     costs = load(str(path))
     assert min(costs.values()) >= 0 and costs["eager_limit"] in [8 << k for k in range(14)]
     assert "fitted to the allreduce times" in run.stdout
     assert simulate("ring", 2, 1 << 20, **costs).time > 0
+    with open(path) as f:
+        measured = json.load(f)["allreduce_seconds"]
+    assert {m["bytes"] for m in measured} == {1 << k for k in range(10, 17)}
+    assert all(len(m["passes"]) == 3 and m["seconds"] == sorted(m["passes"])[1] for m in measured)

@@ -14,11 +14,13 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import ringtree.calibrate
 import ringtree.sim
 from ringtree.algorithms import ALGORITHMS, PERIOD, TURNING
 from ringtree.algorithms.tree import binomial_family
 from ringtree.calibrate import best_fit, fit_per_byte, fit_protocols
 from ringtree.draw import draw
+from ringtree.selector import WINDOW
 from ringtree.sim import (_run_periodic, _run_turned, rank_programs, run_programs, simulate, turned_programs,
                           turned_sizes)
 
@@ -369,6 +371,13 @@ def test_simulating_every_rank_shows_progress_on_a_terminal_and_nothing_elsewher
     assert piped.stderr == b"" and b"predicted time" in piped.stdout
 
 
+def test_simulate_command_refuses_half_a_protocol_with_a_message():
+    run = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "4",
+                          "--bytes", "1M", "--eager-limit", "4K"], capture_output=True, text=True)
+    assert run.returncode == 1 and "simulate: eager_limit and alpha_rendezvous go together" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_calibration_fits_recover_known_parameters():
     alpha, alpha_rendezvous, limit, beta = 3e-6, 9e-6, 2048, 2e-10
     sizes = [8 << (2 * i) for i in range(12)]
@@ -408,6 +417,15 @@ def test_one_port_is_never_faster_and_is_simulated_on_every_rank(algorithm, nran
     full = run_programs(rank_programs(algorithm, nranks, count), algorithm, nranks, 4 * count, 4, 0, duplex=False,
                         **COSTS)
     assert one_port.finish == full.finish  # a turning schedule does not turn in time with one port
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_the_calibration_fits_simulate_as_simulate_does(algorithm):
+    costs = dict(COSTS, overhead=2e-6, eager_limit=4096, alpha_rendezvous=2e-5)
+    for nbytes, segment in ((1 << 10, 0), (12 << 10, 4096), (1 << 20, 256 << 10)):
+        for duplex in (True, False):
+            assert ringtree.calibrate._simulated(algorithm, nbytes, segment, {**costs, "duplex": duplex}) == simulate(
+                algorithm, 2, nbytes, segment=segment, window=WINDOW, duplex=duplex, **costs).time
 
 
 def test_calibration_finds_the_port_model_and_eager_limit_of_its_data():
