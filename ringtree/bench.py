@@ -7,7 +7,10 @@ repetition by repetition, in an order shuffled for each repetition, so drift
 of a shared machine hits them alike. A turn is a barrier and then a batch of
 back-to-back calls, as in nccl-tests (calls for about a millisecond, or
 --batch seconds); its time per call is the slowest rank's, and the table shows
-the median over repetitions.
+the median over repetitions. With --passes N the whole grid is timed N times
+(every other pass from the largest size down) and each case shows the median
+of its passes: on a shared machine whose speed moves for seconds at a time, a
+size then rests on more than one moment.
 
 With --cupy the buffers are CuPy arrays on the current GPU, and each call
 ends when the GPU has finished it. `roundtrip` is then what a program without
@@ -52,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of back-to-back calls per timed repetition (longer averages out more noise)")
     parser.add_argument("--budget", type=float, default=2.0,
                         help="seconds per size and algorithm, at most, once warm; lowers --iters for big sizes")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="times over the whole grid; a case's time is the median over passes")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--note", default="", help="a line about the machine, kept in the JSON (e.g. '2-core VM')")
 
@@ -114,18 +119,38 @@ def run(args: argparse.Namespace) -> list[dict]:
                          f"compare with '{ROUNDTRIP}' instead")
     baseline = next((name for name in (NATIVE, ROUNDTRIP) if name in algorithms), None)
 
+    if args.passes < 1:
+        raise SystemExit(f"--passes must be at least 1, not {args.passes}")
+
     rows = []
     if rank == 0:
         print(f"# ringtree bench: {size} ranks, {dtype}, {op.value}, {'in place' if args.inplace else 'out of place'}, "
-              f"{'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}")
+              f"{'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"
+              + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
         print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>10} {'time us':>10} "
               f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x ' + (baseline or '-'):>8}")
-    for nbytes in size_grid(args.minbytes, args.maxbytes, args.stepfactor):
-        rows += _measure_size(comm, algorithms, max(1, nbytes // dtype.itemsize), dtype, op, args, baseline)
+    counts = [max(1, nbytes // dtype.itemsize) for nbytes in size_grid(args.minbytes, args.maxbytes, args.stepfactor)]
+    progress = None
+    if rank == 0 and args.passes > 1:  # the table comes at the end: show the passes going by, on a terminal
+        from tqdm import tqdm
+        progress = tqdm(total=args.passes * len(counts), unit="size", desc="bench", leave=False, disable=None)
+    passes = {count: [] for count in counts}  # per pass: ({algorithm: seconds}, {algorithm: wrong elements})
+    for k in range(args.passes):
+        for count in counts if k % 2 == 0 else counts[::-1]:
+            passes[count].append(_measure_size(comm, algorithms, count, dtype, op, args))
+            if args.passes == 1:
+                rows += _rows(comm, algorithms, count, dtype, op, passes[count], baseline)
+            elif progress is not None:
+                progress.update()
+    if args.passes > 1:
+        if progress is not None:
+            progress.close()
+        for count in counts:
+            rows += _rows(comm, algorithms, count, dtype, op, passes[count], baseline)
     if args.json and rank == 0:
         with open(args.json, "w") as f:
             json.dump({"ranks": size, "dtype": str(dtype), "op": op.value, "inplace": args.inplace,
-                       "arrays": "cupy" if args.cupy else "numpy", "baseline": baseline,
+                       "arrays": "cupy" if args.cupy else "numpy", "baseline": baseline, "passes": args.passes,
                        "mpi": MPI.Get_library_version().splitlines()[0].strip(), "note": args.note,
                        "rows": rows}, f, indent=1)
     if any(row["wrong"] for row in rows):
@@ -133,8 +158,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def _measure_size(comm, algorithms, count, dtype, op, args, baseline) -> list[dict]:
-    rank, size = comm.Get_rank(), comm.Get_size()
+def _measure_size(comm, algorithms, count, dtype, op, args) -> tuple[dict, dict]:
+    """({algorithm: median seconds per call}, {algorithm: elements that differ from native, all ranks})."""
     data, expected = exact_inputs(comm, count, dtype, op)
     if args.cupy:
         import cupy
@@ -155,15 +180,23 @@ def _measure_size(comm, algorithms, count, dtype, op, args, baseline) -> list[di
     # In place every call adds into the last result, so the values grow until they overflow to inf,
     # which changes neither the work nor its time: numpy need not warn about it.
     with np.errstate(over="ignore" if args.inplace else "warn"):
-        median = time_in_turns(comm, calls, args.batch, args.iters, args.budget)
+        return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong
 
+
+def _rows(comm, algorithms, count, dtype, op, passes: list[tuple[dict, dict]], baseline) -> list[dict]:
+    """A size's table rows from its passes (median time, most wrong elements), printed on rank 0."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    nbytes = count * dtype.itemsize
+    median = {name: float(np.median([times[name] for times, _ in passes])) for name in algorithms}
     rows = []
     for name in algorithms:
         seconds = median[name]
-        algbw = data.nbytes / seconds / 1e9
-        row = {"size": data.nbytes, "count": count, "type": str(dtype), "redop": op.value, "algorithm": name,
+        algbw = nbytes / seconds / 1e9
+        row = {"size": nbytes, "count": count, "type": str(dtype), "redop": op.value, "algorithm": name,
                "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * 2 * (size - 1) / size,
-               "wrong": wrong[name]}
+               "wrong": max(wrong[name] for _, wrong in passes)}
+        if len(passes) > 1:
+            row["passes_us"] = [times[name] * 1e6 for times, _ in passes]
         if baseline is not None:
             row[f"vs_{baseline}"] = median[baseline] / seconds
         rows.append(row)

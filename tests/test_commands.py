@@ -23,7 +23,7 @@ def bench_results(tmp_path_factory):
         path = folder / f"bench-{inplace}.json"
         args = ["-m", "ringtree", "bench", "-b", "8", "-e", "256K", "-f", "16", "--iters", "3", "--warmup", "1",
                 "--algorithms", "ring,tree,recursive_doubling,auto,native", "--json", str(path)]
-        run = run_mpiexec(2, *args, *(["--inplace"] if inplace else []))
+        run = run_mpiexec(2, *args, *(["--inplace", "--passes", "3"] if inplace else []))
         assert run.returncode == 0, run.stdout + run.stderr
         results[inplace] = (run.stdout, json.loads(path.read_text()))
     return results
@@ -38,6 +38,16 @@ def test_bench_checks_every_size_against_native(bench_results, inplace):
     assert all(row["wrong"] == 0 for row in result["rows"])
     assert result["inplace"] is inplace and result["ranks"] == 2
     assert "busbw" in stdout and "#wrong" in stdout
+
+
+def test_bench_gives_each_case_the_median_of_its_passes(bench_results):
+    stdout, result = bench_results[True]  # the in-place run has three passes
+    assert result["passes"] == 3 and "medians of 3 passes" in stdout
+    for row in result["rows"]:
+        assert len(row["passes_us"]) == 3 and row["time_us"] == sorted(row["passes_us"])[1]
+    printed = [int(line.split()[0]) for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert printed == sorted(printed) and len(printed) == len(result["rows"])  # once each, after the passes
+    assert "passes_us" not in bench_results[False][1]["rows"][0]
 
 
 def test_plot_writes_an_svg(bench_results, tmp_path):
