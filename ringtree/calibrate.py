@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> dict | None:
     world = MPI.COMM_WORLD
     if world.Get_size() < 2:
         raise SystemExit("calibrate needs at least 2 ranks: mpiexec -n 2 python -m ringtree calibrate")
+    if args.passes < 1 or args.iters < 1:
+        raise SystemExit(f"calibrate: --passes and --iters must be at least 1, not {args.passes} and {args.iters}")
     pair = world.Split(0 if world.Get_rank() < 2 else MPI.UNDEFINED, world.Get_rank())
     result = None
     if pair != MPI.COMM_NULL:

@@ -187,6 +187,13 @@ def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
     assert run.stdout.split() == ["8"] and "double_tree" in run.stderr and "from RINGTREE_ALGORITHM" in run.stderr
 
 
+def test_calibrate_refuses_zero_passes_before_measuring(tmp_path):
+    path = tmp_path / "calibration.json"
+    run = run_mpiexec(2, "-m", "ringtree", "calibrate", "--passes", "0", "-o", str(path))
+    assert run.returncode != 0 and "--passes and --iters must be at least 1, not 0 and 9" in run.stderr
+    assert not path.exists()
+
+
 def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     from ringtree.calibrate import load
     from ringtree.sim import simulate
