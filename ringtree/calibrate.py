@@ -28,7 +28,7 @@ medians of the slower rank. Other ranks wait.
 Everything is measured in `--passes` passes over the sizes (every other one
 from the largest size down), and each case keeps the median of its passes: on
 the 2-core VM this was written on, the machine's speed at cache-sized messages
-moved by up to 2.3x between passes seconds apart, and a single pass fitted
+moved by up to 2.5x between passes seconds apart, and a single pass fitted
 whichever speed it met. The median is the time of a typical run, which is what
 a bench run measures.
 """
