@@ -84,6 +84,12 @@ def size_grid(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     return sizes
 
 
+def in_pass_order(sizes: list, k: int) -> list:
+    """The sizes in the order pass k times them: every other pass from the largest down, so that no
+    size is always timed at the same moment of a run."""
+    return sizes if k % 2 == 0 else sizes[::-1]
+
+
 def exact_inputs(comm, count: int, dtype, op: ReduceOp = ReduceOp.SUM) -> tuple[np.ndarray, np.ndarray]:
     """(this rank's input, the native MPI result): small integers, which every order of summation
     adds to the same bits, so any algorithm's result can be checked exactly."""
@@ -136,7 +142,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         progress = tqdm(total=args.passes * len(counts), unit="size", desc="bench", leave=False, disable=None)
     passes = {count: [] for count in counts}  # per pass: ({algorithm: seconds}, {algorithm: wrong elements})
     for k in range(args.passes):
-        for count in counts if k % 2 == 0 else counts[::-1]:
+        for count in in_pass_order(counts, k):
             passes[count].append(_measure_size(comm, algorithms, count, dtype, op, args))
             if args.passes == 1:
                 rows += _rows(comm, algorithms, count, dtype, op, passes[count], baseline)

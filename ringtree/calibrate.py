@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .bench import format_size, parse_size, size_grid, time_in_turns
+from .bench import format_size, in_pass_order, parse_size, size_grid, time_in_turns
 from .model import relative_nnls
 from .selector import WINDOW, select
 from .sim import rank_programs, run_programs
@@ -87,12 +87,11 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
     primitive_runs = {nbytes: [] for nbytes in message_sizes}  # {"message": s, "reduce": s} per pass
     allreduce_runs = {nbytes: [] for nbytes in allreduce_sizes}  # {algorithm: s} per pass
     for k in range(args.passes):
-        order = slice(None, None, 1 if k % 2 == 0 else -1)
-        for nbytes in message_sizes[order]:
+        for nbytes in in_pass_order(message_sizes, k):
             primitive_runs[nbytes].append(_time_primitives(pair, nbytes, args.iters))
             if progress is not None:
                 progress.update()
-        for nbytes in allreduce_sizes[order]:
+        for nbytes in in_pass_order(allreduce_sizes, k):
             allreduce_runs[nbytes].append(_time_allreduces(pair, nbytes, args.iters))
             if progress is not None:
                 progress.update()

@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .bench import exact_inputs, format_size, parse_size, size_grid, time_in_turns
+from .bench import exact_inputs, format_size, in_pass_order, parse_size, size_grid, time_in_turns
 from .model import fit
 from .selector import FORMAT, SEGMENT_BYTES
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
     # mean over passes, so a choice rests on the machine at more than one moment.
     passes: dict[int, list[dict]] = {nbytes: [] for nbytes in sizes}
     for k in range(args.passes):
-        for nbytes in sizes if k % 2 == 0 else sizes[::-1]:
+        for nbytes in in_pass_order(sizes, k):
             passes[nbytes].append(_measure(comm, nbytes, cases(nbytes), args))
             if progress is not None:
                 progress.update(len(passes[nbytes][-1]))
