@@ -31,6 +31,7 @@ from .algorithms import ALGORITHMS
 from .allreduce import allreduce
 from .backend import NoDevice, cupy_backend
 from .cuda import cuda_support
+from .cli import at_least, parse_size, sizes_from_args
 from .ops import MPI_OP, ReduceOp, check_dtype, parse_op
 
 NATIVE = "native"
@@ -38,9 +39,10 @@ ROUNDTRIP = "roundtrip"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size (e.g. 8, 1K, 4M)")
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"), help="largest size")
-    parser.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this at each step")
+    parser.add_argument("-b", "--minbytes", type=at_least(1, parse_size), default=parse_size("8"),
+                        help="smallest size (e.g. 8, 1K, 4M)")
+    parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
     parser.add_argument("--algorithms", default="ring,tree,auto,native",
                         help=f"comma-separated, from {', '.join(sorted(ALGORITHMS))}, auto, native, "
                              "and with --cupy roundtrip")
@@ -48,40 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="numpy dtype name")
     parser.add_argument("--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
     parser.add_argument("--inplace", action="store_true", help="MPI.IN_PLACE instead of separate buffers")
-    parser.add_argument("--segment", type=parse_size, default=None, help="segment size in bytes (default: selector's)")
-    parser.add_argument("--iters", type=int, default=20, help="timed repetitions per size (fewer for big sizes)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions per size")
+    parser.add_argument("--segment", type=at_least(1, parse_size), default=None, help="segment size in bytes (default: selector's)")
+    parser.add_argument("--iters", type=at_least(1), default=20, help="timed repetitions per size (fewer for big sizes)")
+    parser.add_argument("--warmup", type=at_least(0), default=3, help="untimed repetitions per size")
     parser.add_argument("--batch", type=float, default=1e-3,
                         help="seconds of back-to-back calls per timed repetition (longer averages out more noise)")
     parser.add_argument("--budget", type=float, default=2.0,
                         help="seconds per size and algorithm, at most, once warm; lowers --iters for big sizes")
-    parser.add_argument("--passes", type=int, default=1,
+    parser.add_argument("--passes", type=at_least(1), default=1,
                         help="times over the whole grid; a case's time is the median over passes")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--note", default="", help="a line about the machine, kept in the JSON (e.g. '2-core VM')")
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
-
-
-def format_size(nbytes: int) -> str:
-    """8 B, 4 KiB, 256 MiB: the largest binary unit that divides the size."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
-
-
-def size_grid(minbytes: int, maxbytes: int, factor: int) -> list[int]:
-    """minbytes, minbytes·factor, ... up to maxbytes."""
-    sizes = []
-    while minbytes <= maxbytes:
-        sizes.append(minbytes)
-        minbytes *= factor
-    return sizes
 
 
 def in_pass_order(sizes: list, k: int) -> list:
@@ -124,9 +103,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         raise SystemExit(f"native MPI cannot take device memory: the MPI is not CUDA-aware ({cuda_support().reason}); "
                          f"compare with '{ROUNDTRIP}' instead")
     baseline = next((name for name in (NATIVE, ROUNDTRIP) if name in algorithms), None)
-
-    if args.passes < 1:
-        raise SystemExit(f"--passes must be at least 1, not {args.passes}")
+    counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
 
     rows = []
     if rank == 0:
@@ -135,7 +112,6 @@ def run(args: argparse.Namespace) -> list[dict]:
               + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
         print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>10} {'time us':>10} "
               f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x ' + (baseline or '-'):>8}")
-    counts = [max(1, nbytes // dtype.itemsize) for nbytes in size_grid(args.minbytes, args.maxbytes, args.stepfactor)]
     progress = None
     if rank == 0 and args.passes > 1:  # the table comes at the end: show the passes going by, on a terminal
         from tqdm import tqdm

@@ -44,7 +44,8 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .bench import format_size, in_pass_order, parse_size, size_grid, time_in_turns
+from .bench import in_pass_order, time_in_turns
+from .cli import at_least, format_size, parse_size, size_grid
 from .model import relative_nnls
 from .selector import WINDOW, select
 from .sim import rank_programs, run_programs
@@ -54,9 +55,10 @@ FORMAT = "ringtree-calibration-1"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default="calibration.json", help="JSON file for α, β, γ and the measurements")
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="largest size measured")
-    parser.add_argument("--iters", type=int, default=9, help="timed repetitions per size and pass")
-    parser.add_argument("--passes", type=int, default=3, help="times over the sizes; each case keeps the median")
+    parser.add_argument("-e", "--maxbytes", type=at_least(64 << 10, parse_size), default=parse_size("64M"),
+                        help="largest size measured (at least 64K: γ is fitted from 64 KiB up)")
+    parser.add_argument("--iters", type=at_least(1), default=9, help="timed repetitions per size and pass")
+    parser.add_argument("--passes", type=at_least(1), default=3, help="times over the sizes; each case keeps the median")
     parser.add_argument("--note", default="", help="a line about the machine, kept in the file")
 
 
@@ -64,8 +66,6 @@ def run(args: argparse.Namespace) -> dict | None:
     world = MPI.COMM_WORLD
     if world.Get_size() < 2:
         raise SystemExit("calibrate needs at least 2 ranks: mpiexec -n 2 python -m ringtree calibrate")
-    if args.passes < 1 or args.iters < 1:
-        raise SystemExit(f"calibrate: --passes and --iters must be at least 1, not {args.passes} and {args.iters}")
     pair = world.Split(0 if world.Get_rank() < 2 else MPI.UNDEFINED, world.Get_rank())
     result = None
     if pair != MPI.COMM_NULL:

@@ -12,15 +12,16 @@ from __future__ import annotations
 import argparse
 
 from .algorithms import ALGORITHMS
+from .cli import at_least
 from .sim import simulate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("algorithm", choices=sorted(ALGORITHMS))
-    parser.add_argument("--ranks", type=int, default=4, help="number of ranks (lanes)")
-    parser.add_argument("--count", type=int, default=None,
+    parser.add_argument("--ranks", type=at_least(1), default=4, help="number of ranks (lanes)")
+    parser.add_argument("--count", type=at_least(0), default=None,
                         help="elements in the message (default: one per rank, so a ring chunk is one element)")
-    parser.add_argument("--segment", type=int, default=0, help="elements per segment (default: not segmented)")
+    parser.add_argument("--segment", type=at_least(0), default=0, help="elements per segment (default: not segmented)")
     parser.add_argument("-o", "--output", default=None, help="image file, .svg or .png (default: ALGORITHM.svg)")
 
 

@@ -608,19 +608,19 @@ MAX_LINES = 16
 
 
 def add_arguments(parser) -> None:
-    from .bench import parse_size
+    from .cli import at_least, parse_size
     parser.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
-    parser.add_argument("--ranks", type=int, required=True)
-    parser.add_argument("--bytes", type=parse_size, required=True, help="message size, e.g. 8, 4K, 1MiB, 1G")
-    parser.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4, float32)")
-    parser.add_argument("--segment", type=parse_size, default=0, help="pipeline segments of this many bytes")
+    parser.add_argument("--ranks", type=at_least(1), required=True)
+    parser.add_argument("--bytes", type=at_least(0, parse_size), required=True, help="message size, e.g. 8, 4K, 1MiB, 1G")
+    parser.add_argument("--itemsize", type=at_least(1), default=4, help="bytes per element (default 4, float32)")
+    parser.add_argument("--segment", type=at_least(0, parse_size), default=0, help="pipeline segments of this many bytes")
     parser.add_argument("--calibration", help="α, β, γ from a file written by python -m ringtree calibrate "
                                               "(default: the values fitted on a 2-core VM, as the selector's fallback)")
     for name, meaning in (("alpha", "seconds per message"), ("beta", "seconds per byte sent"),
                           ("gamma", "seconds per byte reduced"), ("overhead", "seconds per call"),
                           ("alpha_rendezvous", "seconds per message above --eager-limit")):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"{meaning} (overrides the calibration)")
-    parser.add_argument("--eager-limit", type=parse_size, help="bytes: larger messages take --alpha-rendezvous")
+    parser.add_argument("--eager-limit", type=at_least(0, parse_size), help="bytes: larger messages take --alpha-rendezvous")
     parser.add_argument("--duplex", action=argparse.BooleanOptionalAction,
                         help="a send and a receive port per rank (the default), or --no-duplex: one port for both")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -628,7 +628,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> SimResult:
     import json
-    from .bench import format_size
+    from .cli import format_size
     from .calibrate import load
     from .selector import FALLBACK_MODEL
 

@@ -31,7 +31,8 @@ from mpi4py import MPI
 
 from .algorithms import ALGORITHMS
 from .allreduce import allreduce
-from .bench import exact_inputs, format_size, in_pass_order, parse_size, size_grid, time_in_turns
+from .bench import exact_inputs, in_pass_order, time_in_turns
+from .cli import at_least, format_size, parse_size, size_list, sizes_from_args
 from .model import fit
 from .selector import FORMAT, SEGMENT_BYTES
 
@@ -44,14 +45,14 @@ UNSPLIT_MAX_BYTES = 16 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size")
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"), help="largest size")
-    parser.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this at each step")
+    parser.add_argument("-b", "--minbytes", type=at_least(1, parse_size), default=parse_size("8"), help="smallest size")
+    parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated algorithms to try")
-    parser.add_argument("--segments", default=",".join(f"{s >> 20}M" for s in SEGMENTS),
+    parser.add_argument("--segments", type=size_list, default=",".join(f"{s >> 20}M" for s in SEGMENTS),
                         help="segment sizes to try where a message is larger")
-    parser.add_argument("--passes", type=int, default=2, help="times over the whole grid, averaged")
-    parser.add_argument("--iters", type=int, default=15, help="timed repetitions per size (fewer for big sizes)")
+    parser.add_argument("--passes", type=at_least(1), default=2, help="times over the whole grid, averaged")
+    parser.add_argument("--iters", type=at_least(1), default=15, help="timed repetitions per size (fewer for big sizes)")
     parser.add_argument("--batch", type=float, default=0.01, help="seconds of back-to-back calls per repetition")
     parser.add_argument("--budget", type=float, default=0.5,
                         help="seconds per size and case, at most, once warm; lowers --iters for big sizes")
@@ -77,14 +78,13 @@ def run(args: argparse.Namespace) -> None:
     unknown = set(algorithms) - set(ALGORITHMS)
     if unknown:
         raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
-    segments = [parse_size(s) for s in args.segments.split(",") if s]
-    sizes = size_grid(args.minbytes, args.maxbytes, args.stepfactor)
+    sizes = sizes_from_args(args)
     table = _table_to_merge(comm, args.output) if args.merge else None
     kept_segments = table["segments"][str(nranks)] if args.merge else None
 
     def cases(nbytes: int) -> list[tuple[str, int]]:
         if kept_segments is None:
-            return candidates(nbytes, algorithms, segments)
+            return candidates(nbytes, algorithms, args.segments)
         return [_case(alg, nbytes, kept_segments) for alg in algorithms]
 
     progress = None

@@ -27,7 +27,7 @@ import time
 
 import ringtree.algorithms
 from ringtree.algorithms import TURNING
-from ringtree.bench import format_size
+from ringtree.cli import format_size
 from ringtree.calibrate import load
 from ringtree.sim import rank_programs, run_programs, simulate
 

@@ -11,7 +11,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
-from ringtree.bench import format_size, parse_size, time_in_turns
+from ringtree.bench import time_in_turns
+from ringtree.cli import format_size, parse_size
 
 
 def main() -> None:

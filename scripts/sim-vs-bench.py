@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from ringtree.bench import format_size, parse_size
+from ringtree.cli import format_size, parse_size
 from ringtree.calibrate import describe, load
 from ringtree.selector import WINDOW, select
 from ringtree.sim import simulate

@@ -187,11 +187,30 @@ def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
     assert run.stdout.split() == ["8"] and "double_tree" in run.stderr and "from RINGTREE_ALGORITHM" in run.stderr
 
 
-def test_calibrate_refuses_zero_passes_before_measuring(tmp_path):
-    path = tmp_path / "calibration.json"
-    run = run_mpiexec(2, "-m", "ringtree", "calibrate", "--passes", "0", "-o", str(path))
-    assert run.returncode != 0 and "--passes and --iters must be at least 1, not 0 and 9" in run.stderr
-    assert not path.exists()
+@pytest.mark.parametrize("command, argument, message", [
+    (["bench", "-f", "1"], "-f/--stepfactor", "must be at least 2, not 1"),  # grew the size grid forever
+    (["bench", "--passes", "0"], "--passes", "must be at least 1, not 0"),
+    (["bench", "--segment", "0"], "--segment", "must be at least 1, not 0"),
+    (["tune", "--passes", "0", "-o", "OUT"], "--passes", "must be at least 1, not 0"),
+    (["tune", "--iters", "-1", "-o", "OUT"], "--iters", "must be at least 1, not -1"),
+    (["tune", "--segments", "1M,0", "-o", "OUT"], "--segments", "must be at least 1, not 0"),
+    (["calibrate", "--passes", "0", "-o", "OUT"], "--passes", "must be at least 1, not 0"),
+    (["calibrate", "-e", "8K", "-o", "OUT"], "-e/--maxbytes", "must be at least 65536, not 8K"),
+    (["simulate", "--algorithm", "ring", "--ranks", "0", "--bytes", "1K"], "--ranks", "must be at least 1, not 0"),
+    (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "lots"], "--bytes", "invalid size value: 'lots'"),
+    (["draw", "ring", "--count", "-3", "-o", "OUT"], "--count", "must be at least 0, not -3"),
+])
+def test_commands_refuse_a_bad_count_naming_the_argument(tmp_path, command, argument, message):
+    output = tmp_path / "out"
+    run = run_mpiexec(2, "-m", "ringtree", *[str(output) if word == "OUT" else word for word in command], timeout=60)
+    assert run.returncode != 0 and f"argument {argument}: {message}" in run.stderr
+    assert not output.exists()
+
+
+def test_bench_refuses_an_empty_grid_before_measuring():
+    run = run_mpiexec(2, "-m", "ringtree", "bench", "-b", "1M", "-e", "8", timeout=60)
+    assert run.returncode != 0 and "no sizes: --minbytes 1048576 is above --maxbytes 8" in run.stderr
+    assert "busbw" not in run.stdout
 
 
 def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
