@@ -15,7 +15,8 @@ message, and on shared memory the copies of a message and the reductions
 compete for the same cores. So then every algorithm runs as an allreduce on
 the two ranks, 1 KiB to 64 MiB in steps of 2, with the segment size the
 selector gives it, and α, α_rendezvous, β, γ and the per-call `overhead` are
-refitted so that the simulator reproduces those times (least relative error;
+refitted so that the simulator, running each call as the engine does (a step
+at a time where the lean path takes it), reproduces those times (least relative error;
 Gauss-Newton steps on the simulator, which is piecewise linear in its
 parameters). That fit is made twice: with full-duplex ports, and with one
 port per rank for both directions (where, as over shared memory, the
@@ -47,7 +48,7 @@ from .allreduce import allreduce
 from .bench import in_pass_order, time_in_turns
 from .cli import at_least, format_size, parse_size, size_grid
 from .model import relative_nnls
-from .selector import WINDOW, select
+from .selector import WINDOW, in_steps, select
 from .sim import rank_programs, run_programs
 
 FORMAT = "ringtree-calibration-1"
@@ -181,13 +182,16 @@ def relative_error(collectives, params: dict) -> float:
 
 
 def _simulated(algorithm: str, nbytes: int, segment: int, params: dict) -> float:
-    """simulate(algorithm, 2, nbytes, ...).time, with the programs built once for all the fits' costs."""
+    """simulate(algorithm, 2, nbytes, ..., blocking=...).time for a blocking call as the engine runs it
+    (a step at a time where selector.in_steps says so), with the programs built once for all the
+    fits' costs."""
     return run_programs(_programs(algorithm, nbytes, segment), algorithm, 2, nbytes, 4, segment, **params).time
 
 
 @functools.lru_cache(maxsize=None)
 def _programs(algorithm: str, nbytes: int, segment: int) -> list[tuple]:
-    return rank_programs(algorithm, 2, nbytes // 4, max(1, segment // 4) if segment else 0, WINDOW)
+    return rank_programs(algorithm, 2, nbytes // 4, max(1, segment // 4) if segment else 0, WINDOW,
+                         blocking=in_steps(algorithm, nbytes, segment))
 
 
 FITTED = ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead")

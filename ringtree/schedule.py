@@ -248,6 +248,17 @@ def blocking_steps(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
     return tuple(steps)
 
 
+def in_steps(schedule: Schedule) -> Schedule:
+    """The schedule as the blocking runner runs it: every op of a step (blocking_steps) also waits for
+    every op of the step before, so a simulation of it follows the runner's order."""
+    ops, before = list(schedule.ops), ()
+    for step in blocking_steps(schedule):
+        for i in step:
+            ops[i] = ops[i]._replace(deps=tuple(sorted(set(ops[i].deps) | set(before))))
+        before = step
+    return Schedule(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count, schedule.scratch, tuple(ops))
+
+
 def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
     """Split range(count) into `parts` contiguous (offset, size) chunks differing by at most one."""
     bounds = [i * count // parts for i in range(parts + 1)]

@@ -52,7 +52,7 @@ import numpy as np
 
 from .algorithms import ALGORITHMS, PERIOD, TURNING
 from .pipeline import segmented
-from .schedule import INPUT, OUTPUT, OpKind, Ref, dataflow, even_chunks
+from .schedule import INPUT, OUTPUT, OpKind, Ref, dataflow, even_chunks, in_steps
 
 SEND, RECV, REDUCE, COPY = 0, 1, 2, 3  # REDUCE and COPY run on the processor
 _KIND = {OpKind.SEND: SEND, OpKind.RECV: RECV, OpKind.REDUCE: REDUCE, OpKind.COPY: COPY}
@@ -92,14 +92,16 @@ class Event(NamedTuple):
 
 def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: float, gamma: float,
              overhead: float = 0.0, eager_limit: int | None = None, alpha_rendezvous: float | None = None,
-             duplex: bool = True, itemsize: int = 4, segment: int = 0, window: int = 4,
+             duplex: bool = True, itemsize: int = 4, segment: int = 0, window: int = 4, blocking: bool = False,
              trace: bool = False, progress: bool = False) -> SimResult:
     """Simulate one allreduce of `nbytes` (whole elements of `itemsize` bytes) on `nranks` ranks.
 
     `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
     engine does. `duplex=False` gives each rank one port for both directions,
     as where a message's bytes are copied by the processors at both ends over
-    shared memory. With `trace`, the result lists every op's start and finish. With `progress`, a
+    shared memory. `blocking` runs each rank's ops in their listed order, a step at a time, as
+    the engine's lean path does for a blocking call of an unsegmented schedule up to the selector's
+    BLOCKING_MAX_BYTES. With `trace`, the result lists every op's start and finish. With `progress`, a
     simulation of every rank shows progress bars on stderr, where that is a terminal.
     """
     if algorithm not in ALGORITHMS:
@@ -111,13 +113,15 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
         raise ValueError(f"alpha, beta, gamma and overhead must be >= 0, not {alpha}, {beta}, {gamma}, {overhead}")
     if (eager_limit is None) != (alpha_rendezvous is None) or (alpha_rendezvous or 0) < 0 or (eager_limit or 0) < 0:
         raise ValueError(f"eager_limit and alpha_rendezvous go together, both >= 0, not {eager_limit}, {alpha_rendezvous}")
+    if blocking and segment:
+        raise ValueError("blocking runs unsegmented schedules only (the engine's lean path); give segment=0")
     count = nbytes // itemsize
     segment_elements = max(1, segment // itemsize) if segment else 0
     turns = TURNING.get(algorithm)
     built_for = turns(nranks, count) if turns is not None else None
     template = None
     if built_for is not None and nranks > 1 and not trace:
-        template = _program((algorithm, nranks, 0, built_for, segment_elements, window, itemsize, True))
+        template = _program((algorithm, nranks, 0, built_for, segment_elements, window, itemsize, True, blocking))
     # Both shortcuts need full duplex: with one port per rank, a port serves two channels, in an order
     # that depends on the times, and ranks alike in schedule need not be alike in time.
     if template is not None and duplex:
@@ -129,13 +133,13 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     period = PERIOD[algorithm](nranks, count) if algorithm in PERIOD else nranks
     if period < nranks and duplex and not trace:
         result = _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, segment_elements, window,
-                               alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous)
+                               alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous, blocking)
         if result is not None:
             return result
     programs = turned_programs(template, nranks, count, segment_elements, itemsize) if template is not None else None
     if programs is None:
         programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace,
-                                 progress=progress)
+                                 progress=progress, blocking=blocking)
     return run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
                         eager_limit, alpha_rendezvous, duplex=duplex, progress=progress)
 
@@ -347,13 +351,14 @@ def _run_turned(program, algorithm, nranks, nbytes, count, itemsize, segment, se
 
 
 def _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, segment_elements, window, alpha, beta,
-                  gamma, overhead, eager_limit, alpha_rendezvous) -> SimResult | None:
+                  gamma, overhead, eager_limit, alpha_rendezvous, blocking=False) -> SimResult | None:
     """simulate() for a schedule in algorithms.PERIOD: turning the ranks by `period` maps the system onto
     itself, and where each port serves one channel (full duplex, one peer each way) no tie between ranks
     decides an order, so ranks r and r + period run alike. The first `period` ranks, each peer p as
     p mod period, then stand for all. None where that does not hold (every rank is simulated instead)."""
     folded = []
-    for program in rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, ranks=period):
+    for program in rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, ranks=period,
+                                 blocking=blocking):
         if not _one_peer_each_way(program[6]):
             return None
         channels = {}
@@ -373,11 +378,13 @@ def _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, s
 
 def rank_programs(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
                   itemsize: int = 4, regions: bool = False, ranks: int | None = None,
-                  progress: bool = False) -> list[tuple]:
+                  progress: bool = False, blocking: bool = False) -> list[tuple]:
     """Each rank's schedule (of the first `ranks`, default all) in the compact form the simulation runs
-    (segment in elements). Building them is most of the work at many ranks; run_programs can run them
-    again with other costs. `progress`: a progress bar on stderr, where that is a terminal."""
-    jobs = [(algorithm, nranks, rank, count, segment, window, itemsize, regions) for rank in range(ranks or nranks)]
+    (segment in elements; `blocking`: in steps, as simulate's). Building them is most of the work at
+    many ranks; run_programs can run them again with other costs. `progress`: a progress bar on
+    stderr, where that is a terminal."""
+    jobs = [(algorithm, nranks, rank, count, segment, window, itemsize, regions, blocking)
+            for rank in range(ranks or nranks)]
     workers = min(os.cpu_count() or 1, 8)
     # Forked workers inherit the collector switched off.
     with _without_gc(), _bar(progress, len(jobs), "building schedules", "rank") as bar:
@@ -414,10 +421,12 @@ def _without_gc():
 
 
 def _program(job: tuple) -> tuple:
-    algorithm, nranks, rank, count, segment, window, itemsize, with_regions = job
+    algorithm, nranks, rank, count, segment, window, itemsize, with_regions, blocking = job
     schedule = ALGORITHMS[algorithm](nranks, rank, count)
     if segment:
         schedule = segmented(schedule, segment, window)
+    if blocking:
+        schedule = in_steps(schedule)
     flow = dataflow(schedule)
     ops = schedule.ops
     channels: dict[tuple[int, int], list[int]] = {}  # (SEND or RECV, peer) -> its messages' indices, in order
@@ -621,6 +630,9 @@ def add_arguments(parser) -> None:
                           ("alpha_rendezvous", "seconds per message above --eager-limit")):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"{meaning} (overrides the calibration)")
     parser.add_argument("--eager-limit", type=at_least(0, parse_size), help="bytes: larger messages take --alpha-rendezvous")
+    parser.add_argument("--blocking", action="store_true",
+                        help="each rank's ops a step at a time, as a blocking call runs an unsegmented schedule "
+                             "up to the selector's BLOCKING_MAX_BYTES")
     parser.add_argument("--duplex", action=argparse.BooleanOptionalAction,
                         help="a send and a receive port per rank (the default), or --no-duplex: one port for both")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -638,7 +650,7 @@ def run(args) -> SimResult:
     params.update({name: getattr(args, name) for name in params if getattr(args, name) is not None})
     try:
         result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment,
-                          progress=True, **params)
+                          blocking=args.blocking, progress=True, **params)
     except ValueError as error:
         raise SystemExit(f"simulate: {error}") from None
     n, k = args.ranks, args.bytes
@@ -653,6 +665,7 @@ def run(args) -> SimResult:
         return result
     print(f"# {args.algorithm}, {n} ranks, {format_size(k)} ({k // args.itemsize} elements of {args.itemsize} B)"
           + (f", segments of {format_size(args.segment)}" if args.segment else "")
+          + (", a step at a time" if args.blocking else "")
           + f"; alpha {params['alpha']:.3g} s, beta {params['beta']:.3g} s/B, gamma {params['gamma']:.3g} s/B, "
           f"overhead {params['overhead']:.3g} s"
           + (f", above {params['eager_limit']} B alpha {params['alpha_rendezvous']:.3g} s" if params['eager_limit'] is not None

@@ -3,8 +3,9 @@
     python scripts/sim-vs-bench.py calibration.json bench.json [--algorithms ring,tree] [--limit 1.5]
 
 For each size of the bench run from --min to --max bytes, the simulator runs
-the same algorithm with the segment size the selector gives it (as the bench
-did), with the costs from the calibration file. Exits non-zero if any ratio is
+the same algorithm with the segment size the selector gives it, a step at a
+time where the engine's lean path does (as the bench did), with the costs from
+the calibration file. Exits non-zero if any ratio is
 beyond a factor --limit either way.
 
 A second table compares the bench's times with the calibration's own
@@ -51,11 +52,12 @@ def main() -> None:
             continue
         cells, pairs = [], []
         for algorithm in algorithms:
-            segment = select(size, bench["ranks"], bench["dtype"], bench["op"], algorithm).segment
+            choice = select(size, bench["ranks"], bench["dtype"], bench["op"], algorithm)
+            segment, in_steps = choice.segment, choice.blocking and bench.get("arrays", "numpy") == "numpy"
             earlier = calibrated.get((algorithm, size, segment))  # 0 where unsplit, in select() as in calibrate
             pairs.append(None if earlier is None or bench["ranks"] != 2 else (rows[size, algorithm], earlier))
             simulated = simulate(algorithm, bench["ranks"], size, itemsize=itemsize, segment=segment,
-                                 window=WINDOW, **params).time * 1e6
+                                 window=WINDOW, blocking=in_steps, **params).time * 1e6
             ratio = simulated / rows[size, algorithm]
             worst = max(worst, ratio, 1 / ratio)
             cells.append(f"{rows[size, algorithm]:.1f} | {simulated:.1f} | {ratio:.2f}")

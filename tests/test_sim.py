@@ -20,7 +20,7 @@ from ringtree.algorithms import ALGORITHMS, PERIOD, TURNING
 from ringtree.algorithms.tree import binomial_family
 from ringtree.calibrate import best_fit, fit_per_byte, fit_protocols
 from ringtree.draw import draw
-from ringtree.selector import WINDOW
+from ringtree.selector import WINDOW, in_steps
 from ringtree.sim import (_run_periodic, _run_turned, rank_programs, run_programs, simulate, turned_programs,
                           turned_sizes)
 
@@ -104,10 +104,10 @@ def test_tree_root_carries_log_n_times_the_data():
     assert sum(result.bytes_sent) == 2 * (nranks - 1) * k  # each rank but the root: once up, once down
 
 
-def _every_rank(nranks, count, segment, costs, duplex=True):
+def _every_rank(nranks, count, segment, costs, duplex=True, blocking=False):
     """The ring of `count` float32 elements (segments of `segment`), every rank built and simulated."""
-    return run_programs(rank_programs("ring", nranks, count, segment), "ring", nranks, 4 * count, 4, 4 * segment,
-                        **costs, duplex=duplex)
+    return run_programs(rank_programs("ring", nranks, count, segment, blocking=blocking), "ring", nranks, 4 * count, 4,
+                        4 * segment, **costs, duplex=duplex)
 
 
 def _outcome(result):
@@ -203,11 +203,27 @@ def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(
        segment=st.sampled_from([0, 0, 1, 3]), costs=st.sampled_from([
            COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5, eager_limit=8, alpha_rendezvous=2e-5),
            dict(alpha=0.0, beta=1e-9, gamma=5e-9), dict(alpha=1e-6, beta=0.0, gamma=0.0)]),
-       duplex=st.booleans())
-def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_rank, extra, segment, costs, duplex):
+       duplex=st.booleans(), blocking=st.booleans())
+def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_rank, extra, segment, costs, duplex,
+                                                                   blocking):
     count = per_rank * nranks + extra % nranks
-    fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs, duplex=duplex)
-    assert _outcome(fast) == _outcome(_every_rank(nranks, count, segment, costs, duplex))
+    blocking = blocking and not segment  # a step at a time is for unsegmented schedules
+    fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs, duplex=duplex, blocking=blocking)
+    assert _outcome(fast) == _outcome(_every_rank(nranks, count, segment, costs, duplex, blocking))
+
+
+def test_a_blocking_call_runs_each_rank_s_ops_a_step_at_a_time():
+    # The double tree on 2 ranks lists rank 0's send of rank 1's half after its own half's reduction;
+    # posted when ready, that send leaves at once (two message times in all), but run in listed order
+    # it waits for the reduction, and rank 1's half comes back a message time later.
+    costs = dict(alpha=1.0, beta=0.0, gamma=0.0)
+    assert simulate("double_tree", 2, 8, **costs).time == 2.0
+    assert simulate("double_tree", 2, 8, **costs, blocking=True).time == 3.0
+    # The ring and the tree list their ops in the order they can run: nothing changes.
+    for algorithm in ("ring", "tree"):
+        assert simulate(algorithm, 2, 8, **costs, blocking=True).time == simulate(algorithm, 2, 8, **costs).time
+    with pytest.raises(ValueError, match="unsegmented"):
+        simulate("ring", 4, 1 << 20, **COSTS, segment=1 << 16, blocking=True)
 
 
 def test_where_ranks_split_chunks_into_different_segment_counts_every_rank_is_simulated():
@@ -325,6 +341,14 @@ def test_simulate_command_prints_json():
     assert result["time"] > 0
 
 
+def test_simulate_command_runs_a_blocking_call_a_step_at_a_time():
+    times = [json.loads(subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "double_tree",
+                                        "--ranks", "2", "--bytes", "8", "--alpha", "1", "--beta", "0", "--gamma", "0",
+                                        "--json", *blocking], capture_output=True, text=True, check=True).stdout)["time"]
+             for blocking in ([], ["--blocking"])]
+    assert times == [2.0, 3.0]
+
+
 def test_simulate_command_gives_ranges_where_ranks_differ_too_much_for_a_line_each():
     # 64 ranks, chunks of 10 and 11 elements: traffic differs from rank to rank by an element or so
     command = [sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "64", "--bytes",
@@ -422,17 +446,20 @@ def test_one_port_is_never_faster_and_is_simulated_on_every_rank(algorithm, nran
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_the_calibration_fits_simulate_as_simulate_does(algorithm):
     costs = dict(COSTS, overhead=2e-6, eager_limit=4096, alpha_rendezvous=2e-5)
-    for nbytes, segment in ((1 << 10, 0), (12 << 10, 4096), (1 << 20, 256 << 10)):
+    for nbytes, segment in ((1 << 10, 0), (12 << 10, 4096), (1 << 20, 256 << 10), (1 << 20, 0)):
         for duplex in (True, False):
             assert ringtree.calibrate._simulated(algorithm, nbytes, segment, {**costs, "duplex": duplex}) == simulate(
-                algorithm, 2, nbytes, segment=segment, window=WINDOW, duplex=duplex, **costs).time
+                algorithm, 2, nbytes, segment=segment, window=WINDOW, duplex=duplex,
+                blocking=in_steps(algorithm, nbytes, segment), **costs).time
 
 
 def test_calibration_finds_the_port_model_and_eager_limit_of_its_data():
     truth = dict(alpha=4e-6, alpha_rendezvous=9e-6, eager_limit=8192, beta=2e-10, gamma=1e-10, overhead=5e-6,
                  duplex=False)
-    collectives = [(algorithm, nbytes, 0, simulate(algorithm, 2, nbytes, **truth).time)
-                   for algorithm in ("ring", "tree", "recursive_doubling") for nbytes in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
+    collectives = [(algorithm, nbytes, 0, simulate(algorithm, 2, nbytes, **truth,
+                                                   blocking=in_steps(algorithm, nbytes, 0)).time)
+                   for algorithm in ("ring", "tree", "recursive_doubling", "double_tree")
+                   for nbytes in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
     primitives = dict(alpha=5e-6, alpha_rendezvous=1e-5, eager_limit=4096, beta=3e-10, gamma=2e-10, overhead=0.0)
     fitted, fits = best_fit(collectives, primitives)
     assert fitted is fits["one port"] and fitted["eager_limit"] == 8192
