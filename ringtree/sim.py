@@ -12,8 +12,10 @@ above some size, messages of more than `eager_limit` bytes may take
 both directions, as where the processors at both ends copy a message over
 shared memory: a rank then sends or receives, not both at once. An op is
 posted or started once its dependencies have finished and, for a message,
-once the message before it on its channel was posted: as the engine does. Messages and reductions waiting for a port or the processor get it
-in the order they became ready, ties in schedule order.
+once the message before it on its channel was posted: as the engine does
+(with `blocking`, also once the step before it has finished, as its lean
+path does). Messages and reductions waiting for a port or the processor get
+it in the order they became ready, ties in schedule order.
 
 The schedules are the engine's own (segmented when `segment` is given), so
 the traffic counted is exactly the traffic the engine sends. Messages hold
