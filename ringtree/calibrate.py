@@ -14,8 +14,9 @@ A Python allreduce is more than its messages, though: a call has a fixed cost
 message, and on shared memory the copies of a message and the reductions
 compete for the same cores. So then every algorithm runs as an allreduce on
 the two ranks, 1 KiB to 64 MiB in steps of 2, with the segment size the
-selector gives it, and α, α_rendezvous, β, γ and the per-call `overhead` are
-refitted so that the simulator, running each call as the engine does (a step
+selector gives it, and α, α_rendezvous, β, γ, the per-call `overhead` and
+the per-message `setup` (which makes an exchange dearer than a one-way
+message) are refitted so that the simulator, running each call as the engine does (a step
 at a time where the lean path takes it), reproduces those times (least relative error;
 Gauss-Newton steps on the simulator, which is piecewise linear in its
 parameters). That fit is made twice: with full-duplex ports, and with one
@@ -62,9 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=at_least(1), default=5, help="timed repetitions per size and pass")
     parser.add_argument("--passes", type=at_least(1), default=9, help="times over the sizes; each case keeps the median")
     parser.add_argument("--note", default="", help="a line about the machine, kept in the file")
+    parser.add_argument("--refit", metavar="FILE",
+                        help="measure nothing: fit the simulator again to the measurements in FILE, a file this "
+                             "command wrote, and write the result to --output (no mpiexec needed)")
 
 
 def run(args: argparse.Namespace) -> dict | None:
+    if args.refit:
+        return refit(args.refit, args.output)
     world = MPI.COMM_WORLD
     if world.Get_size() < 2:
         raise SystemExit("calibrate needs at least 2 ranks: mpiexec -n 2 python -m ringtree calibrate")
@@ -133,6 +139,24 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
     return result
 
 
+def refit(path: str, output: str) -> dict:
+    """The calibration in `path` with its fits made again from its own measurements, by this version's
+    simulator and fit, written to `output`."""
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("format") != FORMAT:
+        raise SystemExit(f"calibrate --refit: {path} is not a ringtree calibration file")
+    collectives = [(m["algorithm"], m["bytes"], m["segment"], m["seconds"]) for m in data["allreduce_seconds"]]
+    fitted, fits = best_fit(collectives, data["primitives"])
+    for key in ("fits", *FITTED, "eager_limit", "duplex"):
+        data.pop(key, None)
+    result = {"format": FORMAT, **fitted, "fits": fits, **{k: v for k, v in data.items() if k != "format"}}
+    with open(output, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"refitted to the allreduce times in {path}: {describe(fitted)}; written to {output}")
+    return result
+
+
 def _time_primitives(pair: MPI.Comm, nbytes: int, iters: int) -> dict:
     """Median seconds of a Sendrecv exchange of `nbytes` with the other rank and of a float32 sum of
     `nbytes` on both ranks at once."""
@@ -158,6 +182,7 @@ def describe(params: dict) -> str:
     return (f"alpha {params['alpha'] * 1e6:.2f} us per message ({params['alpha_rendezvous'] * 1e6:.2f} us above "
             f"{format_size(params['eager_limit'])}), beta {params['beta'] * 1e12:.1f} ps per byte, "
             f"gamma {params['gamma'] * 1e12:.1f} ps per byte reduced, overhead {params['overhead'] * 1e6:.2f} us per call"
+            + (f", setup {params['setup'] * 1e6:.2f} us per message" if params.get("setup") else "")
             + ("" if params.get("duplex", True) else ", one port per rank"))
 
 
@@ -195,7 +220,7 @@ def _programs(algorithm: str, nbytes: int, segment: int) -> list[tuple]:
                          blocking=in_steps(algorithm, nbytes, segment))
 
 
-FITTED = ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead")
+FITTED = ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead", "setup")
 
 
 def fit_to_collectives(collectives, start: dict, steps: int = 6, duplex: bool = True) -> dict:
@@ -203,7 +228,7 @@ def fit_to_collectives(collectives, start: dict, steps: int = 6, duplex: bool = 
     ranks, in relative error; `start`'s eager limit stays. The simulated time is piecewise linear in
     the costs, so each step fits the linearisation at the current point, from the simulator's own
     derivatives."""
-    point = np.array([start[name] for name in FITTED]) + np.array([1e-6, 1e-6, 1e-11, 1e-11, 1e-6])
+    point = np.array([start.get(name, 0.0) for name in FITTED]) + np.array([1e-6, 1e-6, 1e-11, 1e-11, 1e-6, 1e-6])
     times = np.array([seconds for *_, seconds in collectives])
     for _ in range(steps):
         design = np.array([_gradient(c, point, start["eager_limit"], duplex) for c in collectives])
@@ -256,5 +281,6 @@ def load(path: str, duplex: bool | None = None) -> dict:
         data = data["fits"]["full duplex" if duplex else "one port"]
     elif duplex is False and data.get("duplex", True):
         raise ValueError(f"{path} has no fit with one port per rank")
-    return {**{key: float(data[key]) for key in FITTED}, "eager_limit": int(data["eager_limit"]),
-            "duplex": bool(data.get("duplex", True))}
+    return {**{key: float(data[key]) for key in FITTED if key != "setup"},
+            "setup": float(data.get("setup", 0.0)),  # files written before the setup cost have none
+            "eager_limit": int(data["eager_limit"]), "duplex": bool(data.get("duplex", True))}

@@ -10,7 +10,11 @@ libraries switch from an eager protocol to a rendezvous (a handshake first)
 above some size, messages of more than `eager_limit` bytes may take
 `alpha_rendezvous` instead of α. With `duplex=False` a rank has one port for
 both directions, as where the processors at both ends copy a message over
-shared memory: a rank then sends or receives, not both at once. An op is
+shared memory: a rank then sends or receives, not both at once. With a
+`setup` of h seconds, a message also holds both its ranks for its first
+h seconds, so that a rank starts one message at a time: an exchange between
+two ranks takes h + α + β·b where a one-way message takes α + β·b, as
+measured over shared memory, between full duplex and one port. An op is
 posted or started once its dependencies have finished and, for a message,
 once the message before it on its channel was posted: as the engine does
 (with `blocking`, also once the step before it has finished, as its lean
@@ -94,14 +98,15 @@ class Event(NamedTuple):
 
 def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: float, gamma: float,
              overhead: float = 0.0, eager_limit: int | None = None, alpha_rendezvous: float | None = None,
-             duplex: bool = True, itemsize: int = 4, segment: int = 0, window: int = 4, blocking: bool = False,
-             trace: bool = False, progress: bool = False) -> SimResult:
+             duplex: bool = True, setup: float = 0.0, itemsize: int = 4, segment: int = 0, window: int = 4,
+             blocking: bool = False, trace: bool = False, progress: bool = False) -> SimResult:
     """Simulate one allreduce of `nbytes` (whole elements of `itemsize` bytes) on `nranks` ranks.
 
     `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
     engine does. `duplex=False` gives each rank one port for both directions,
     as where a message's bytes are copied by the processors at both ends over
-    shared memory. `blocking` runs each rank's ops in their listed order, a step at a time, as
+    shared memory. `setup` (seconds) holds both ranks of a message for its
+    first that long, so an exchange costs more than a one-way message. `blocking` runs each rank's ops in their listed order, a step at a time, as
     the engine's lean path does for a blocking call of an unsegmented schedule up to the selector's
     BLOCKING_MAX_BYTES. With `trace`, the result lists every op's start and finish. With `progress`, a
     simulation of every rank shows progress bars on stderr, where that is a terminal.
@@ -111,8 +116,9 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     if nranks < 1 or nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"need nranks >= 1 and nbytes a multiple of itemsize >= 1, "
                          f"not nranks={nranks} nbytes={nbytes} itemsize={itemsize}")
-    if min(alpha, beta, gamma, overhead) < 0:
-        raise ValueError(f"alpha, beta, gamma and overhead must be >= 0, not {alpha}, {beta}, {gamma}, {overhead}")
+    if min(alpha, beta, gamma, overhead, setup) < 0:
+        raise ValueError(f"alpha, beta, gamma, overhead and setup must be >= 0, "
+                         f"not {alpha}, {beta}, {gamma}, {overhead}, {setup}")
     if (eager_limit is None) != (alpha_rendezvous is None) or (alpha_rendezvous or 0) < 0 or (eager_limit or 0) < 0:
         raise ValueError(f"eager_limit and alpha_rendezvous go together, both >= 0, not {eager_limit}, {alpha_rendezvous}")
     if blocking and segment:
@@ -124,16 +130,18 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     template = None
     if built_for is not None and nranks > 1 and not trace:
         template = _program((algorithm, nranks, 0, built_for, segment_elements, window, itemsize, True, blocking))
-    # Both shortcuts need full duplex: with one port per rank, a port serves two channels, in an order
-    # that depends on the times, and ranks alike in schedule need not be alike in time.
-    if template is not None and duplex:
+    # Both shortcuts need full duplex and no setup: with one port per rank, a port serves two
+    # channels, and a setup holds a rank for both, in an order that depends on the times, and
+    # ranks alike in schedule need not be alike in time.
+    alike = duplex and not setup
+    if template is not None and alike:
         with _without_gc():
             result = _run_turned(template, algorithm, nranks, nbytes, count, itemsize, segment, segment_elements,
                                  alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous, built_for)
         if result is not None:
             return result
     period = PERIOD[algorithm](nranks, count) if algorithm in PERIOD else nranks
-    if period < nranks and duplex and not trace:
+    if period < nranks and alike and not trace:
         result = _run_periodic(algorithm, nranks, period, nbytes, count, itemsize, segment, segment_elements, window,
                                alpha, beta, gamma, overhead, eager_limit, alpha_rendezvous, blocking)
         if result is not None:
@@ -143,7 +151,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
         programs = rank_programs(algorithm, nranks, count, segment_elements, window, itemsize, trace,
                                  progress=progress, blocking=blocking)
     return run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
-                        eager_limit, alpha_rendezvous, duplex=duplex, progress=progress)
+                        eager_limit, alpha_rendezvous, duplex=duplex, progress=progress, setup=setup)
 
 
 # A schedule that is the same on every rank up to turning the ranks around (algorithms.TURNING) is
@@ -442,11 +450,12 @@ def _program(job: tuple) -> tuple:
 
 
 def run_programs(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead=0.0,
-                 trace=False, eager_limit=None, alpha_rendezvous=None, duplex=True, progress=False) -> SimResult:
+                 trace=False, eager_limit=None, alpha_rendezvous=None, duplex=True, progress=False,
+                 setup=0.0) -> SimResult:
     """simulate()'s second half: run programs from rank_programs with these costs."""
     with _without_gc(), _bar(progress, sum(len(p[0]) for p in programs), "simulating", "op") as bar:
         return _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace,
-                    eager_limit, alpha_rendezvous, duplex, bar)
+                    eager_limit, alpha_rendezvous, duplex, bar, setup)
 
 
 # Events between two updates of the progress bar: often enough to see, rarely enough to cost nothing.
@@ -454,7 +463,7 @@ PROGRESS_EVERY_EVENTS = 1 << 16
 
 
 def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, gamma, overhead, trace, eager_limit,
-         alpha_rendezvous, duplex, bar) -> SimResult:
+         alpha_rendezvous, duplex, bar, setup=0.0) -> SimResult:
     if eager_limit is None:
         eager_limit, alpha_rendezvous = float("inf"), alpha
     kinds = [p[0] for p in programs]
@@ -481,6 +490,7 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
     finish = [0.0] * flat
     done = [0] * nranks
     cpu_busy, send_busy, recv_busy = [False] * nranks, [False] * nranks, [False] * nranks
+    in_setup = [False] * nranks
     cpu_queue = [deque() for _ in range(nranks)]
     send_queue = [deque() for _ in range(nranks)]  # ready messages waiting for a port, by their send (s, j)
     recv_queue = [deque() for _ in range(nranks)]
@@ -497,6 +507,9 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
         r = peer_of[g]
         started[g] = 1
         send_busy[s] = recv_busy[r] = True
+        if setup:
+            in_setup[s] = in_setup[r] = True
+            push(events, (now + setup, next(tick), s, -1 - r))
         if trace:
             start[g] = start[partner_of[g] * nranks + r] = now
         size = size_of[g]
@@ -508,7 +521,7 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
             queue.popleft()
         for s, j in queue:
             g = j * nranks + s
-            if not (started[g] or send_busy[s] or recv_busy[peer_of[g]]):
+            if not (started[g] or send_busy[s] or recv_busy[peer_of[g]] or in_setup[s] or in_setup[peer_of[g]]):
                 start_message(s, j)
                 return
 
@@ -546,7 +559,7 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
                 posted[g] = 1
                 continue
             s, j = (r, i) if kind == SEND else (q, k)
-            if send_busy[s] or recv_busy[peer_of[j * nranks + s]]:
+            if send_busy[s] or recv_busy[peer_of[j * nranks + s]] or in_setup[s] or in_setup[peer_of[j * nranks + s]]:
                 send_queue[s].append((s, j))
                 recv_queue[peer_of[j * nranks + s]].append((s, j))
             else:
@@ -557,6 +570,13 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
         if not popped % PROGRESS_EVERY_EVENTS:
             bar.update(sum(done) - bar.n)
         now, _, r, i = pop(events)
+        if i < 0:  # a message's setup is over: both its ranks may start another
+            q = -1 - i
+            in_setup[r] = in_setup[q] = False
+            for x in (r, q):
+                serve(send_queue[x])
+                serve(recv_queue[x])
+            continue
         g = i * nranks + r
         if kind_of[g] == SEND:
             q = peer_of[g]
@@ -629,7 +649,8 @@ def add_arguments(parser) -> None:
                                               "(default: the values fitted on a 2-core VM, as the selector's fallback)")
     for name, meaning in (("alpha", "seconds per message"), ("beta", "seconds per byte sent"),
                           ("gamma", "seconds per byte reduced"), ("overhead", "seconds per call"),
-                          ("alpha_rendezvous", "seconds per message above --eager-limit")):
+                          ("alpha_rendezvous", "seconds per message above --eager-limit"),
+                          ("setup", "seconds a message holds both its ranks at its start")):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"{meaning} (overrides the calibration)")
     parser.add_argument("--eager-limit", type=at_least(0, parse_size), help="bytes: larger messages take --alpha-rendezvous")
     parser.add_argument("--blocking", action="store_true",
@@ -648,7 +669,7 @@ def run(args) -> SimResult:
 
     params = load(args.calibration) if args.calibration else {**FALLBACK_MODEL._asdict(), "overhead": 0.0,
                                                               "eager_limit": None, "alpha_rendezvous": None,
-                                                              "duplex": True}
+                                                              "duplex": True, "setup": 0.0}
     params.update({name: getattr(args, name) for name in params if getattr(args, name) is not None})
     try:
         result = simulate(args.algorithm, args.ranks, args.bytes, itemsize=args.itemsize, segment=args.segment,
@@ -671,7 +692,8 @@ def run(args) -> SimResult:
           + f"; alpha {params['alpha']:.3g} s, beta {params['beta']:.3g} s/B, gamma {params['gamma']:.3g} s/B, "
           f"overhead {params['overhead']:.3g} s"
           + (f", above {params['eager_limit']} B alpha {params['alpha_rendezvous']:.3g} s" if params['eager_limit'] is not None
-             else "") + ("" if params["duplex"] else ", one port per rank"))
+             else "") + ("" if params["duplex"] else ", one port per rank")
+          + (f", setup {params['setup']:.3g} s" if params["setup"] else ""))
     print(f"predicted time: {result.time * 1e6:.2f} us; total bytes sent {sum(result.bytes_sent)}, "
           f"messages {sum(result.messages_sent)}")
     print(f"{'ranks':>12} {'bytes sent':>14} {'bytes recvd':>14} {'msgs sent':>10} {'msgs recvd':>10} "

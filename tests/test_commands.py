@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 import xml.dom.minidom
 from pathlib import Path
 
@@ -228,3 +230,9 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
         measured = json.load(f)["allreduce_seconds"]
     assert {m["bytes"] for m in measured} == {1 << k for k in range(10, 17)}
     assert all(len(m["passes"]) == 3 and m["seconds"] == sorted(m["passes"])[1] for m in measured)
+    # --refit fits the file's own measurements again, without MPI: the same data, the same fit.
+    again = tmp_path / "refitted.json"
+    refit = subprocess.run([sys.executable, "-m", "ringtree", "calibrate", "--refit", str(path), "-o", str(again)],
+                           capture_output=True, text=True)
+    assert refit.returncode == 0, refit.stderr
+    assert load(str(again)) == costs and json.loads(again.read_text())["allreduce_seconds"] == measured

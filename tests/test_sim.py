@@ -202,7 +202,8 @@ def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(
 @given(nranks=st.integers(2, 24), per_rank=st.sampled_from([0, 0, 1, 2, 5]), extra=st.integers(0, 23),
        segment=st.sampled_from([0, 0, 1, 3]), costs=st.sampled_from([
            COSTS, dict(alpha=2e-6, beta=3e-10, gamma=1e-10, overhead=1e-5, eager_limit=8, alpha_rendezvous=2e-5),
-           dict(alpha=0.0, beta=1e-9, gamma=5e-9), dict(alpha=1e-6, beta=0.0, gamma=0.0)]),
+           dict(alpha=0.0, beta=1e-9, gamma=5e-9), dict(alpha=1e-6, beta=0.0, gamma=0.0),
+           dict(alpha=1e-6, beta=1e-10, gamma=1e-11, setup=4e-7)]),
        duplex=st.booleans(), blocking=st.booleans())
 def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_rank, extra, segment, costs, duplex,
                                                                    blocking):
@@ -210,6 +211,17 @@ def test_the_ring_s_shortcuts_give_what_simulating_every_rank_gives(nranks, per_
     blocking = blocking and not segment  # a step at a time is for unsegmented schedules
     fast = simulate("ring", nranks, 4 * count, segment=4 * segment, **costs, duplex=duplex, blocking=blocking)
     assert _outcome(fast) == _outcome(_every_rank(nranks, count, segment, costs, duplex, blocking))
+
+
+def test_a_setup_cost_makes_an_exchange_dearer_than_a_one_way_message():
+    # A message holds both its ranks for its first `setup`: of two ranks exchanging, one message
+    # starts that much after the other; a one-way message waits for nothing.
+    costs = dict(alpha=1.0, beta=0.0, gamma=0.0, setup=0.5)
+    assert simulate("ring", 2, 8, **costs).time == 3.0  # two exchanges
+    assert simulate("recursive_doubling", 2, 8, **costs).time == 1.5  # one
+    assert simulate("tree", 2, 8, **costs).time == 2.0  # up, then down: one way each
+    with pytest.raises(ValueError, match="must be >= 0"):
+        simulate("ring", 4, 64, **COSTS, setup=-1.0)
 
 
 def test_a_blocking_call_runs_each_rank_s_ops_a_step_at_a_time():
@@ -349,6 +361,13 @@ def test_simulate_command_runs_a_blocking_call_a_step_at_a_time():
     assert times == [2.0, 3.0]
 
 
+def test_simulate_command_takes_a_setup_cost():
+    out = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "2",
+                          "--bytes", "8", "--alpha", "1", "--beta", "0", "--gamma", "0", "--setup", "0.5", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["time"] == 3.0
+
+
 def test_simulate_command_gives_ranges_where_ranks_differ_too_much_for_a_line_each():
     # 64 ranks, chunks of 10 and 11 elements: traffic differs from rank to rank by an element or so
     command = [sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "64", "--bytes",
@@ -445,12 +464,26 @@ def test_one_port_is_never_faster_and_is_simulated_on_every_rank(algorithm, nran
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_the_calibration_fits_simulate_as_simulate_does(algorithm):
-    costs = dict(COSTS, overhead=2e-6, eager_limit=4096, alpha_rendezvous=2e-5)
+    costs = dict(COSTS, overhead=2e-6, eager_limit=4096, alpha_rendezvous=2e-5, setup=1e-6)
     for nbytes, segment in ((1 << 10, 0), (12 << 10, 4096), (1 << 20, 256 << 10), (1 << 20, 0)):
         for duplex in (True, False):
             assert ringtree.calibrate._simulated(algorithm, nbytes, segment, {**costs, "duplex": duplex}) == simulate(
                 algorithm, 2, nbytes, segment=segment, window=WINDOW, duplex=duplex,
                 blocking=in_steps(algorithm, nbytes, segment), **costs).time
+
+
+def test_calibration_finds_the_setup_cost_of_its_data():
+    truth = dict(alpha=4e-6, alpha_rendezvous=9e-6, eager_limit=8192, beta=2e-10, gamma=1e-10, overhead=5e-6,
+                 setup=2e-6, duplex=True)
+    collectives = [(algorithm, nbytes, 0, simulate(algorithm, 2, nbytes, **truth,
+                                                   blocking=in_steps(algorithm, nbytes, 0)).time)
+                   for algorithm in ("ring", "tree", "recursive_doubling", "double_tree")
+                   for nbytes in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
+    primitives = dict(alpha=5e-6, alpha_rendezvous=1e-5, eager_limit=4096, beta=3e-10, gamma=2e-10, overhead=0.0)
+    fitted, fits = best_fit(collectives, primitives)
+    assert fitted is fits["full duplex"] and fitted["eager_limit"] == 8192
+    assert [fitted[name] for name in ("alpha", "setup", "beta", "gamma", "overhead")] == pytest.approx(
+        [truth[name] for name in ("alpha", "setup", "beta", "gamma", "overhead")], rel=1e-3)
 
 
 def test_calibration_finds_the_port_model_and_eager_limit_of_its_data():
