@@ -16,10 +16,10 @@ compete for the same cores. So then every algorithm runs as an allreduce on
 the two ranks, 1 KiB to 64 MiB in steps of 2, with the segment size the
 selector gives it, and α, α_rendezvous, β, γ, the per-call `overhead` and
 the per-message `setup` (which makes an exchange dearer than a one-way
-message) are refitted so that the simulator, running each call as the engine does (a step
-at a time where the lean path takes it), reproduces those times (least relative error;
-Gauss-Newton steps on the simulator, which is piecewise linear in its
-parameters). That fit is made twice: with full-duplex ports, and with one
+message) are refitted so that the simulator, running each call as the engine
+does (a step at a time where the lean path takes it), reproduces those times
+(least relative error; Gauss-Newton steps on the simulator, which is
+piecewise linear in its parameters). That fit is made twice: with full-duplex ports, and with one
 port per rank for both directions (where, as over shared memory, the
 processors at both ends copy a message's bytes, so a rank's send and receive
 do not overlap), each with the eager limit that fits best; the better one is

@@ -106,10 +106,12 @@ def simulate(algorithm: str, nranks: int, nbytes: int, *, alpha: float, beta: fl
     engine does. `duplex=False` gives each rank one port for both directions,
     as where a message's bytes are copied by the processors at both ends over
     shared memory. `setup` (seconds) holds both ranks of a message for its
-    first that long, so an exchange costs more than a one-way message. `blocking` runs each rank's ops in their listed order, a step at a time, as
-    the engine's lean path does for a blocking call of an unsegmented schedule up to the selector's
-    BLOCKING_MAX_BYTES. With `trace`, the result lists every op's start and finish. With `progress`, a
-    simulation of every rank shows progress bars on stderr, where that is a terminal.
+    first that long, so an exchange costs more than a one-way message.
+    `blocking` runs each rank's ops in their listed order, a step at a time,
+    as the engine's lean path does for a blocking call of an unsegmented
+    schedule up to the selector's BLOCKING_MAX_BYTES. With `trace`, the result
+    lists every op's start and finish. With `progress`, a simulation of every
+    rank shows progress bars on stderr, where that is a terminal.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
