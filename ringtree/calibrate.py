@@ -50,7 +50,7 @@ from .allreduce import allreduce
 from .bench import in_pass_order, time_in_turns
 from .cli import at_least, format_size, parse_size, size_grid
 from .model import relative_nnls
-from .selector import WINDOW, in_steps, select
+from .selector import WINDOW, select, takes_lean_path
 from .sim import rank_programs, run_programs
 
 FORMAT = "ringtree-calibration-1"
@@ -209,15 +209,15 @@ def relative_error(collectives, params: dict) -> float:
 
 def _simulated(algorithm: str, nbytes: int, segment: int, params: dict) -> float:
     """simulate(algorithm, 2, nbytes, ..., blocking=...).time for a blocking call as the engine runs it
-    (a step at a time where selector.in_steps says so), with the programs built once for all the
-    fits' costs."""
+    (a step at a time where selector.takes_lean_path says so), with the programs built once for all
+    the fits' costs."""
     return run_programs(_programs(algorithm, nbytes, segment), algorithm, 2, nbytes, 4, segment, **params).time
 
 
 @functools.lru_cache(maxsize=None)
 def _programs(algorithm: str, nbytes: int, segment: int) -> list[tuple]:
     return rank_programs(algorithm, 2, nbytes // 4, max(1, segment // 4) if segment else 0, WINDOW,
-                         blocking=in_steps(algorithm, nbytes, segment))
+                         blocking=takes_lean_path(algorithm, nbytes, segment))
 
 
 FITTED = ("alpha", "alpha_rendezvous", "beta", "gamma", "overhead", "setup")

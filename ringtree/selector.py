@@ -65,7 +65,7 @@ FORMAT = "ringtree-tuning-1"
 class Choice(NamedTuple):
     algorithm: str
     segment: int  # bytes per segment; 0: messages are not split
-    blocking: bool  # a blocking call may run the schedule step by step (the lean path): in_steps()
+    blocking: bool  # a blocking call may run the schedule step by step (the lean path): takes_lean_path()
     source: str  # why: "call", "RINGTREE_ALGORITHM", "table <file> rule <i>" or "model"
 
 
@@ -191,10 +191,10 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
     if segment is None:
         segment = table().segment(nranks, algorithm)
     segment = segment if nbytes > segment else 0
-    return Choice(algorithm, segment, in_steps(algorithm, nbytes, segment), source)
+    return Choice(algorithm, segment, takes_lean_path(algorithm, nbytes, segment), source)
 
 
-def in_steps(algorithm: str, nbytes: int, segment: int) -> bool:
+def takes_lean_path(algorithm: str, nbytes: int, segment: int) -> bool:
     """Whether a blocking call runs the schedule a step at a time (engine.run_blocking, the lean
     path): messages not split, and no larger than the algorithm's limit."""
     return not segment and nbytes <= BLOCKING_MAX_BYTES.get(algorithm, BLOCKING_MAX_BYTES_OTHERWISE)

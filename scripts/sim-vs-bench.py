@@ -53,11 +53,11 @@ def main() -> None:
         cells, pairs = [], []
         for algorithm in algorithms:
             choice = select(size, bench["ranks"], bench["dtype"], bench["op"], algorithm)
-            segment, in_steps = choice.segment, choice.blocking and bench.get("arrays", "numpy") == "numpy"
+            segment, lean = choice.segment, choice.blocking and bench.get("arrays", "numpy") == "numpy"
             earlier = calibrated.get((algorithm, size, segment))  # 0 where unsplit, in select() as in calibrate
             pairs.append(None if earlier is None or bench["ranks"] != 2 else (rows[size, algorithm], earlier))
             simulated = simulate(algorithm, bench["ranks"], size, itemsize=itemsize, segment=segment,
-                                 window=WINDOW, blocking=in_steps, **params).time * 1e6
+                                 window=WINDOW, blocking=lean, **params).time * 1e6
             ratio = simulated / rows[size, algorithm]
             worst = max(worst, ratio, 1 / ratio)
             cells.append(f"{rows[size, algorithm]:.1f} | {simulated:.1f} | {ratio:.2f}")

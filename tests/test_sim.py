@@ -20,7 +20,7 @@ from ringtree.algorithms import ALGORITHMS, PERIOD, TURNING
 from ringtree.algorithms.tree import binomial_family
 from ringtree.calibrate import best_fit, fit_per_byte, fit_protocols
 from ringtree.draw import draw
-from ringtree.selector import WINDOW, in_steps
+from ringtree.selector import WINDOW, takes_lean_path
 from ringtree.sim import (_run_periodic, _run_turned, rank_programs, run_programs, simulate, turned_programs,
                           turned_sizes)
 
@@ -469,7 +469,7 @@ def test_the_calibration_fits_simulate_as_simulate_does(algorithm):
         for duplex in (True, False):
             assert ringtree.calibrate._simulated(algorithm, nbytes, segment, {**costs, "duplex": duplex}) == simulate(
                 algorithm, 2, nbytes, segment=segment, window=WINDOW, duplex=duplex,
-                blocking=in_steps(algorithm, nbytes, segment), **costs).time
+                blocking=takes_lean_path(algorithm, nbytes, segment), **costs).time
 
 
 @pytest.mark.parametrize("port, model", [("full duplex", dict(duplex=True, setup=2e-6)),
@@ -478,7 +478,7 @@ def test_calibration_finds_the_port_model_eager_limit_and_costs_of_its_data(port
     truth = dict(alpha=4e-6, alpha_rendezvous=9e-6, eager_limit=8192, beta=2e-10, gamma=1e-10, overhead=5e-6,
                  **model)
     collectives = [(algorithm, nbytes, 0, simulate(algorithm, 2, nbytes, **truth,
-                                                   blocking=in_steps(algorithm, nbytes, 0)).time)
+                                                   blocking=takes_lean_path(algorithm, nbytes, 0)).time)
                    for algorithm in ("ring", "tree", "recursive_doubling", "double_tree")
                    for nbytes in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
     primitives = dict(alpha=5e-6, alpha_rendezvous=1e-5, eager_limit=4096, beta=3e-10, gamma=2e-10, overhead=0.0)
