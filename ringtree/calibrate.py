@@ -148,13 +148,11 @@ def refit(path: str, output: str) -> dict:
         raise SystemExit(f"calibrate --refit: {path} is not a ringtree calibration file")
     collectives = [(m["algorithm"], m["bytes"], m["segment"], m["seconds"]) for m in data["allreduce_seconds"]]
     fitted, fits = best_fit(collectives, data["primitives"])
-    for key in ("fits", *FITTED, "eager_limit", "duplex"):
-        data.pop(key, None)
-    result = {"format": FORMAT, **fitted, "fits": fits, **{k: v for k, v in data.items() if k != "format"}}
+    data.update(fitted, fits=fits)  # every fitted key, the eager limit and the port model replaced
     with open(output, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(data, f, indent=1)
     print(f"refitted to the allreduce times in {path}: {describe(fitted)}; written to {output}")
-    return result
+    return data
 
 
 def _time_primitives(pair: MPI.Comm, nbytes: int, iters: int) -> dict:
