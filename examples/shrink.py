@@ -52,7 +52,9 @@ def main() -> None:
     print(f"rank {me}: {args.steps} steps done on {comm.Get_size()} ranks, every average right", flush=True)
     if comm.Get_size() < MPI.COMM_WORLD.Get_size():
         # Open MPI's MPI_Finalize may wait for the dead rank forever (open-mpi/ompi#11404; here about
-        # one run in ten): after a failure, leave without it.
+        # one run in ten): after a failure, leave without it. The first rank to leave so ends the job,
+        # killing any survivor still short of its last line (4 runs in 10 here): wait for all.
+        comm.Barrier()
         os._exit(0)
 
 
