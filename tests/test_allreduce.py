@@ -147,17 +147,41 @@ def test_every_op_and_dtype_at_small_counts(comm, algorithm):
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_op_and_dtype_at_a_mebi_element_count(comm, algorithm):
-    # 2**20 + 3: not a multiple of any rank count above 1, so ring chunks are uneven. Each op and
-    # dtype pair runs once, in place and out of place alternately (both are run for every pair above).
-    # Ring and tree take every pair up to 4 ranks; the other algorithms, and all at 8 ranks (4 to a
+    # Each op and dtype pair runs once, in place and out of place alternately (both are run for every
+    # pair above). Ring and tree take every pair up to 4 ranks; the other algorithms, and all at 8 ranks (4 to a
     # core in CI, where ring and tree took 90 s of it), every dtype with SUM and every op on int32,
     # which keeps CI in budget.
-    count = (1 << 20) + 3
+    check_against_native(comm, algorithm, MEBI, _mebi_cases(algorithm, comm.Get_size()), batch=8)
+
+
+MEBI = (1 << 20) + 3  # not a multiple of any rank count above 1, so ring chunks are uneven
+
+
+def _mebi_cases(algorithm, nranks):
     pairs = _every_pair()
-    if algorithm not in ("ring", "tree") or comm.Get_size() > 4:
+    if algorithm not in ("ring", "tree") or nranks > 4:
         pairs = [(op, dtype) for op, dtype in pairs if op[0] is MPI.SUM or dtype == np.dtype("int32")]
-    cases = [(op, dtype, i % 2 == 1) for i, (op, dtype) in enumerate(pairs)]
-    check_against_native(comm, algorithm, count, cases, batch=8)
+    return [(op, dtype, i % 2 == 1) for i, (op, dtype) in enumerate(pairs)]
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 6, reason="splits 5 ranks off a world of 6 or more (CI: 8)")
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_op_and_dtype_on_five_ranks_and_the_rest(comm, algorithm):
+    # The test suite runs at 2, 3, 4 and 8 ranks; 5 (odd, neither a power of two nor one less) and,
+    # at 8, 3 come from splitting the world, both pieces at once.
+    piece = comm.Split(int(comm.Get_rank() >= 5), comm.Get_rank())
+    try:
+        failures = []
+        for count in _small_counts(piece.Get_size()):
+            failures += _check_batch(piece, algorithm, count, _every_case())
+        # Segmented, every dtype with SUM (every op ran above): a third of the time of the mebi test's cases.
+        cases = [(op, dtype, inplace) for op, dtype, inplace in _mebi_cases(algorithm, comm.Get_size())
+                 if op[0] is MPI.SUM]
+        for first in range(0, len(cases), 8):
+            failures += _check_batch(piece, algorithm, MEBI, cases[first:first + 8])
+        assert_everywhere(comm, [f"on {piece.Get_size()} ranks: {failure}" for failure in failures])
+    finally:
+        piece.Free()
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
