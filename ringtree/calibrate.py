@@ -19,13 +19,13 @@ the per-message `setup` (which makes an exchange dearer than a one-way
 message) are refitted so that the simulator, running each call as the engine
 does (a step at a time where the lean path takes it), reproduces those times
 (least relative error; Gauss-Newton steps on the simulator, which is
-piecewise linear in its parameters). That fit is made twice: with full-duplex ports, and with one
-port per rank for both directions (where, as over shared memory, the
-processors at both ends copy a message's bytes, so a rank's send and receive
-do not overlap), each with the eager limit that fits best; the better one is
-kept. The file keeps the primitives, both fits and the measurements; the
-simulator uses the better fit. Timing is bench's: turns in shuffled order,
-medians of the slower rank. Other ranks wait.
+piecewise linear in its parameters). That fit is made twice: with
+full-duplex ports, and with one port per rank for both directions (where, as
+over shared memory, the processors at both ends copy a message's bytes, so a
+rank's send and receive do not overlap), each with the eager limit that fits
+best; the better one is kept. The file keeps the primitives, both fits and
+the measurements; the simulator uses the better fit. Timing is bench's:
+turns in shuffled order, medians of the slower rank. Other ranks wait.
 
 Everything is measured in `--passes` passes over the sizes (every other one
 from the largest size down), and each case keeps the median of its passes: on

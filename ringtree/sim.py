@@ -560,10 +560,10 @@ def _run(programs, algorithm, nranks, nbytes, itemsize, segment, alpha, beta, ga
             if not posted[k * nranks + q]:
                 posted[g] = 1
                 continue
-            s, j = (r, i) if kind == SEND else (q, k)
-            if send_busy[s] or recv_busy[peer_of[j * nranks + s]] or in_setup[s] or in_setup[peer_of[j * nranks + s]]:
+            s, d, j = (r, q, i) if kind == SEND else (q, r, k)  # sender, receiver, the send's op
+            if send_busy[s] or recv_busy[d] or in_setup[s] or in_setup[d]:
                 send_queue[s].append((s, j))
-                recv_queue[peer_of[j * nranks + s]].append((s, j))
+                recv_queue[d].append((s, j))
             else:
                 start_message(s, j)
         if not events:
