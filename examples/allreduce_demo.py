@@ -10,10 +10,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringtree.allreduce import allreduce
 from ringtree.algorithms import ALGORITHMS
+from ringtree.allreduce import allreduce
 from ringtree.schedule import OpKind
-from ringtree.selector import select
+from ringtree.tuning.selector import select
 
 NATIVE_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
 
@@ -38,7 +38,7 @@ def main() -> None:
     everything_right = True
     for choice in ("ring", "tree", "auto"):
         algorithm = select(data.nbytes, size, data.dtype.name, args.op).algorithm if choice == "auto" else choice
-        ours = timed(comm, args.repeat, lambda: allreduce(data, op=args.op, algorithm=choice))
+        ours = timed(comm, args.repeat, lambda choice=choice: allreduce(data, op=args.op, algorithm=choice))
         native = timed(comm, args.repeat, lambda: native_allreduce(comm, data, args.op))
         result = allreduce(data, op=args.op, algorithm=choice)
         correct = comm.allreduce(bool(np.array_equal(result, expected)), MPI.LAND)

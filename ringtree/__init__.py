@@ -1,13 +1,28 @@
-"""ringtree: ring and tree allreduce for mpi4py programs, on numpy buffers.
+"""ringtree: ring, tree and three more allreduce algorithms for mpi4py programs, on numpy and CuPy buffers.
 
     from ringtree.allreduce import allreduce, iallreduce
     import ringtree; comm = ringtree.Communicator(MPI.COMM_WORLD)
     bucketer = ringtree.GradientBucketer(gradients)   # fused, overlapped, for training
+
+The package, from the public face inward (docs/design.md draws it):
+
+allreduce, communicator, buckets, errors, ops   the public API, and the reduction ops it takes
+settings, debug                                 every RINGTREE_* variable; RINGTREE_DEBUG's log
+schedule/     the IR, its builder and the passes (no MPI, no numpy)
+algorithms/   the schedule generators (no MPI, no numpy)
+runtime/      the engine, the stepwise path, backends, per-communicator state, reliability, timeline
+tuning/       the selector, the cost model, the shipped table
+sim/          the simulator, its calibration, the verifier (no MPI)
+commands/     python -m ringtree ...; nothing imports them
 """
 
+from . import allreduce  # the module, callable as its allreduce()
+from .allreduce import Request, iallreduce
 from .buckets import GradientBucketer
 from .communicator import Communicator
 from .errors import MismatchError, PeerFailure, TimeoutError
+from .settings import SettingError
 
-__all__ = ["Communicator", "GradientBucketer", "MismatchError", "PeerFailure", "TimeoutError"]
+__all__ = ["allreduce", "iallreduce", "Request", "Communicator", "GradientBucketer", "MismatchError", "PeerFailure",
+           "TimeoutError", "SettingError"]
 __version__ = "0.1.0"

@@ -6,23 +6,30 @@ input raises TypeError or ValueError and leaves the buffers untouched.
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import sys
+import types
 from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
+from . import settings
 from .algorithms import ALGORITHMS
-from .backend import NoDevice, NumpyBackend, backend_for, cupy_backend
-from . import reliability, timeline
-from .comm import LAST, comm_state
-from .engine import PROGRESS, CompiledSchedule, Execution, compiled, run_blocking
 from .errors import MismatchError, PeerFailure
 from .ops import ReduceOp, check_dtype, known_op, parse_op
-from .selector import WINDOW, gpu_host_max_bytes, log_choice, select
-from .staging import is_host
+from .runtime import reliability, timeline
+from .runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
+from .runtime.compiled import CompiledSchedule, compiled
+from .runtime.engine import IN_FLIGHT, Execution
+from .runtime.state import LAST, comm_state
+from .runtime.stepwise import run_stepwise
+from .schedule.lower import Shape
+from .schedule.staging import is_host
+from .tuning.selector import WINDOW, log_choice, select
 
-__all__ = ["allreduce", "iallreduce", "Request"]
+__all__ = ["allreduce", "iallreduce", "Request", "CallPlan"]
 
 
 class Request:
@@ -37,14 +44,14 @@ class Request:
 
     def test(self) -> bool:
         if not self._execution.done:
-            PROGRESS.poll()
+            IN_FLIGHT.poll()
         if self._execution.done and self._then is not None:
             self._finish()
         return self._execution.done
 
     def wait(self):
         if not self._execution.done:
-            PROGRESS.wait(self._execution)
+            IN_FLIGHT.wait(self._execution)
         if self._then is not None:
             self._finish()
         return self._result
@@ -77,38 +84,37 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     """
     repeat = _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if repeat is not None:
-        call, state, program, source, target = repeat
+        call, state, steps, source, target = repeat
     else:
         call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
                                                                           segment, check, timeout)
         if call is None:
             return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, True)
-        program = call.in_place_program if inplace else call.program
-        if program is None or PROGRESS.requests or PROGRESS.queued or timeline.ACTIVE or timeout is not None:
+        steps = call.in_place_steps if inplace else call.steps
+        if steps is None or IN_FLIGHT.requests or IN_FLIGHT.queued or timeline.ACTIVE or timeout is not None:
             return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
-        # Here the plan is a lean one, so it has both programs and a numpy backend (the only one
-        # that is not asynchronous), as a repeat needs.
-        if check is None and segment is None and not reliability.CHECK and known_op(op) is not None:
+        # A stepwise plan has both step lists and a backend that is not asynchronous, as a repeat needs.
+        if check is None and segment is None and not settings.current().check and known_op(op) is not None:
             state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
-    # Small, and nothing else in flight to progress meanwhile: run it straight through.
+    # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
+    reduce, copy, divide = call.bound
     try:
-        run_blocking(program, [source, target, *call.lean_scratch], call.reduce, call.backend.copy, state.comm,
-                     state.next_tag())
+        run_stepwise(steps, [source, target, *call.stepwise_scratch], reduce, copy, state.comm, state.next_tag())
     except (MismatchError, PeerFailure) as error:
         state.broken = error  # messages of the other ranks' call may be left unmatched
         raise
     if call.average:
-        call.backend.divide(target, state.size)
+        divide(target, state.size)
     return recvbuf
 
 
 def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
-    """The lean path's shortcut for a call like an earlier one on the same communicator: same op,
+    """The stepwise path's shortcut for a call like an earlier one on the same communicator: same op,
     algorithm, dtype and size, numpy arrays, default segment, check and timeout. Only what may
     differ between such calls is checked: the arrays' layout, writability and overlap. Returns
-    (call plan, state, program, source, target), or None for `_prepare` to check the call in full."""
+    (call plan, state, steps, source, target), or None for `_prepare` to check the call in full."""
     if (type(recvbuf) is not np.ndarray or segment is not None or check is not None or timeout is not None
-            or type(algorithm) is not str or PROGRESS.requests or PROGRESS.queued
+            or type(algorithm) is not str or IN_FLIGHT.requests or IN_FLIGHT.queued
             or (MPI.COMM_WORLD if comm is None else comm) is not LAST[0]):
         return None
     state = LAST[1]
@@ -119,17 +125,17 @@ def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
         return None
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
-        return call, state, call.in_place_program, target, target
+        return call, state, call.in_place_steps, target, target
     if type(sendbuf) is not np.ndarray or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
         return None
     flags = sendbuf.flags
     if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
         return None  # views may overlap, which _prepare checks
-    return call, state, call.program, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target
+    return call, state, call.steps, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target
 
 
 def _op_key(op):
-    """An op in the lean path's cache: a name by value, one of MPI's predefined ops or ReduceOp's
+    """An op in the repeat path's cache: a name by value, one of MPI's predefined ops or ReduceOp's
     members by identity (they live as long as the process)."""
     return op if type(op) is str else id(op)
 
@@ -149,8 +155,8 @@ def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, 
     """A small staged CuPy call: copy the input to pinned host memory, allreduce it there as a numpy
     call would (the same messages as the per-message staging), and queue the copy of the result into
     `target` on the stream current at the start. Returns recvbuf, or the Request when not `blocking`."""
-    backend = cupy_backend()  # the only staged backend
-    stream = backend.cupy.cuda.get_current_stream()
+    backend = backend_for(source)
+    stream = backend.current_stream()
     host = backend.to_host(source)
     arguments = dict(comm=comm, algorithm=algorithm, segment=segment, check=check, timeout=timeout)
     if blocking:
@@ -161,23 +167,24 @@ def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, 
     return Request(request._execution, recvbuf, lambda: backend.to_device(host, target, stream))
 
 
-class _CallPlan(NamedTuple):
+class CallPlan(NamedTuple):
     """What every call of one shape shares: built on the first, looked up after."""
 
-    plan: CompiledSchedule
-    program: tuple | None  # the plan's blocking program, when the lean path may run it
-    in_place_program: tuple | None
-    backend: object
+    compiled: CompiledSchedule
+    steps: tuple | None  # the compiled steps, where the stepwise path may run them
+    in_place_steps: tuple | None
+    backend: Backend
     reduce: object
+    bound: tuple | None  # the stepwise path's (reduce, copy, divide): backend.bind(reduce), once
     average: bool
     dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
-    lean_scratch: list  # the lean path's scratch: it runs when no other call is in flight
+    stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
     record: object  # what check mode compares across ranks (reliability.call_record)
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
-        return self.free_scratch.pop() if self.free_scratch else _new_scratch(self.plan, self.backend, self.dtype)
+        return self.free_scratch.pop() if self.free_scratch else _new_scratch(self.compiled, self.backend, self.dtype)
 
     def finish(self, target, scratch: list, nranks: int, divide) -> None:
         """After a call's last op: divide for avg, and keep the scratch for the next call."""
@@ -191,7 +198,11 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     ranks on the call; return what a call needs."""
     if comm is None:
         comm = MPI.COMM_WORLD
-    sendbuf, recvbuf, kind, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
+    sendbuf, recvbuf, reduce_op, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
+    try:
+        settings.current()
+    except settings.SettingError as error:
+        raise settings.SettingError(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
     timeout = _checked_timeout(timeout, comm)
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
@@ -204,42 +215,45 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
     dtype = target.dtype
-    if backend.staged and target.nbytes <= gpu_host_max_bytes():
+    if backend.staged and target.nbytes <= settings.current().gpu_host_max:
         return None, state, source, target, recvbuf, inplace, timeout  # for _through_host
-    call = state.plans.get((backend, algorithm, target.size, dtype, kind, segment))
+    call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
     if call is None:
-        call = _plan(state, backend, algorithm, target, kind, segment)
-    if reliability.CHECK if check is None else check:
-        reliability.agree(state, call.record, (target.size, dtype, kind.value, call.plan.schedule.algorithm), timeout,
+        call = _plan(state, backend, algorithm, target, reduce_op, segment)
+    if settings.current().check if check is None else check:
+        reliability.agree(state, call.record, (target.size, dtype, reduce_op.value, call.compiled.schedule.algorithm),
+                          timeout,
                           lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
                                                                  algorithm="recursive_doubling", timeout=seconds))
     return call, state, source, target, recvbuf, inplace, timeout
 
 
-def _plan(state, backend, algorithm, target, kind, segment) -> _CallPlan:
+def _plan(state, backend, algorithm, target, reduce_op, segment) -> CallPlan:
     """Choose the algorithm for a new call shape and build its plan, kept for the calls after."""
     dtype = target.dtype
-    choice = select(target.nbytes, state.size, dtype.name, kind.value, algorithm, segment)
-    log_choice(choice, target.nbytes, state.size, dtype, kind.value)
-    plan = compiled(choice.algorithm, state.size, state.rank, target.size,
-                    max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW, backend.staged)
-    lean = choice.blocking and plan.program is not None and not backend.asynchronous
-    call = state.plans[backend, algorithm, target.size, dtype, kind, segment] = _CallPlan(
-        plan, plan.program if lean else None, plan.in_place_program if lean else None, backend,
-        backend.reducer(kind), kind is ReduceOp.AVG, dtype, [], _new_scratch(plan, backend, dtype) if lean else [],
-        reliability.call_record(target.size, dtype, kind.value, choice.algorithm))
+    choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment)
+    log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
+    stepwise = choice.stepwise and not backend.asynchronous
+    runnable = compiled(Shape(choice.algorithm, state.size, state.rank, target.size,
+                              max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW,
+                              backend.staged, stepwise))
+    reduce = backend.reducer(reduce_op)
+    call = state.plans[backend, algorithm, target.size, dtype, reduce_op, segment] = CallPlan(
+        runnable, runnable.steps, runnable.in_place_steps, backend, reduce, backend.bind(reduce) if stepwise else None,
+        reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [],
+        reliability.call_record(target.size, dtype, reduce_op.value, choice.algorithm))
     return call
 
 
-def _new_scratch(plan: CompiledSchedule, backend, dtype) -> list:
+def _new_scratch(runnable: CompiledSchedule, backend, dtype) -> list:
     return [(backend.host_empty if is_host(name) else backend.empty)(size, dtype)
-            for name, size in plan.schedule.scratch]
+            for name, size in runnable.schedule.scratch]
 
 
 def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
     reduce, copy, divide = call.backend.bind(call.reduce)
     scratch = call.take_scratch()
-    execution = Execution(call.plan, [source, target, *scratch], inplace, reduce, copy, state,
+    execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state,
                           lambda: call.finish(target, scratch, state.size, divide), timeout, call.backend.asynchronous)
     return Request(execution, recvbuf)
 
@@ -247,12 +261,12 @@ def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
 def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
     """Validate the arguments; return (sendbuf, recvbuf or None, ReduceOp, backend, in place?).
 
-    Every call but a lean repeat runs this, so the common case (numpy arrays, a
+    Every call but a repeat (_repeat) runs this, so the common case (numpy arrays, a
     predefined op) takes the fewest steps."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"ringtree allreduce: comm must be an intracommunicator, got {comm!r}")
     try:
-        kind = parse_op(op)
+        reduce_op = parse_op(op)
         if algorithm != "auto" and algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; use 'auto' or one of {sorted(ALGORITHMS)}")
         if segment is not None and not (isinstance(segment, numbers.Integral) and segment >= 1):
@@ -264,11 +278,10 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
         backend = NumpyBackend if type(sendbuf) is np.ndarray else _array_backend(sendbuf, "sendbuf")
         if not sendbuf.flags.c_contiguous:
             raise _not_contiguous("sendbuf", sendbuf)
-        check_dtype(sendbuf.dtype, kind)
-        if backend is not NumpyBackend:
-            backend.check(sendbuf, "sendbuf", kind)
+        check_dtype(sendbuf.dtype, reduce_op)
+        backend.check(sendbuf, "sendbuf", reduce_op)
         if recvbuf is None:
-            return sendbuf, None, kind, backend, False
+            return sendbuf, None, reduce_op, backend, False
         if recvbuf is sendbuf:
             inplace = True
         else:
@@ -280,22 +293,21 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
                 raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
             if recvbuf.shape != sendbuf.shape:
                 raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
-            if backend is not NumpyBackend:
-                backend.check(recvbuf, "recvbuf", kind)
+            backend.check(recvbuf, "recvbuf", reduce_op)
             aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
             if aliasing == "overlap":
                 raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
             inplace = aliasing == "same"
         if not backend.writeable(recvbuf):
             raise ValueError("recvbuf is read-only")
-        return sendbuf, recvbuf, kind, backend, inplace
+        return sendbuf, recvbuf, reduce_op, backend, inplace
     except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
 
 
 def _checked_timeout(timeout, comm):
     if timeout is None:
-        return reliability.TIMEOUT
+        return settings.current().timeout
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
         raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: timeout must be a positive number "
                          f"of seconds, got {timeout!r}")
@@ -310,10 +322,23 @@ def _array_backend(buf, name):
 
 
 def _type_name(value) -> str:
-    kind = type(value)
-    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    cls = type(value)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _not_contiguous(name, buf) -> ValueError:
     return ValueError(f"{name} is not C-contiguous (strides {buf.strides} for shape {buf.shape}); "
                       "pass a contiguous copy, e.g. numpy.ascontiguousarray")
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as its `allreduce`: `ringtree.allreduce(x)` works, and so do
+    `import ringtree.allreduce` and `from ringtree.allreduce import allreduce`."""
+
+    __signature__ = inspect.signature(allreduce)
+
+    def __call__(self, *args, **kwargs):
+        return allreduce(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

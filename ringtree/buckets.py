@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from mpi4py import MPI
 
 from .allreduce import Request, iallreduce
-from .backend import backend_for
+from .runtime.backend import backend_for
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb
 

@@ -27,15 +27,16 @@ import time
 
 import ringtree.algorithms
 from ringtree.algorithms import TURNING
-from ringtree.cli import format_size
-from ringtree.calibrate import load
-from ringtree.sim import rank_programs, run_programs, simulate
+from ringtree.commands.arguments import format_size
+from ringtree.sim import Call, Costs, simulate
+from ringtree.sim.calibration import load
+from ringtree.sim.events import run_events
+from ringtree.sim.flat import flat_schedules
 
 RANKS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 SIZES = [8 << (2 * k) for k in range(14)] + [1 << 30]  # 8 B, 32 B, ..., 512 MiB, 1 GiB
 ITEMSIZE = 4
-CLUSTER = {"alpha": 5e-6, "beta": 1 / 12.5e9, "gamma": 1 / 100e9, "overhead": 0.0, "eager_limit": None,
-           "alpha_rendezvous": None}
+CLUSTER = Costs(alpha=5e-6, beta=1 / 12.5e9, gamma=1 / 100e9)
 CLUSTER_TEXT = ("α = 5 µs per message, β = 80 ps per byte (100 Gb/s InfiniBand, 12.5 GB/s per direction), "
                 "γ = 10 ps per byte (reductions at 100 GB/s, as on a GPU), no per-call overhead")
 
@@ -50,7 +51,7 @@ def main() -> None:
     # Full-duplex ports and no per-message setup, as the article's model has (and a cluster's links
     # come close to); with one port per rank or a setup cost the ring's ranks no longer run alike, so
     # each of its 1024-rank sizes would take most of a minute to simulate, not a second.
-    machine = {**load(args.calibration, duplex=True), "setup": 0.0}
+    machine = load(args.calibration, duplex=True)._replace(setup=0.0)
     costs = {"this machine": machine, "cluster": CLUSTER}
     ranks = [int(n) for n in args.ranks.split(",")]
     for params in costs.values():
@@ -61,7 +62,7 @@ def main() -> None:
         started = time.perf_counter()
         for algorithm in ("ring", "tree"):
             # one element per rank: every larger multiple scales from it (a turning one runs on its own)
-            programs = None if algorithm in TURNING else rank_programs(algorithm, n, n)
+            programs = None if algorithm in TURNING else flat_schedules(algorithm, n, n)
             for label, params in costs.items():
                 times[algorithm, n, label], traffic[algorithm, n] = simulate_sizes(algorithm, n, programs, params)
         print(f"N = {n}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
@@ -80,7 +81,7 @@ def simulate_sizes(algorithm: str, n: int, programs, params: dict) -> tuple[dict
     found, traffic = {}, None
     for k in SIZES:
         if programs is None or k % reference:  # fewer elements than ranks: a schedule of its own, small
-            result = simulate(algorithm, n, k, itemsize=ITEMSIZE, **params)
+            result = simulate(algorithm, n, k, params, itemsize=ITEMSIZE)
             scale = 1
         else:
             result = run_scaled(programs, algorithm, n, k / reference, params)
@@ -92,19 +93,18 @@ def simulate_sizes(algorithm: str, n: int, programs, params: dict) -> tuple[dict
     return found, traffic
 
 
-def run_scaled(programs, algorithm: str, n: int, factor: float, params: dict):
+def run_scaled(programs, algorithm: str, n: int, factor: float, params):
     """Run one-element-per-rank `programs` as if every message and reduction were `factor` times larger."""
-    limit = params["eager_limit"]
-    return run_programs(programs, algorithm, n, ITEMSIZE * n, ITEMSIZE, 0, params["alpha"], params["beta"] * factor,
-                        params["gamma"] * factor, params["overhead"], False,
-                        None if limit is None else limit / factor, params["alpha_rendezvous"])
+    limit = params.eager_limit
+    return run_events(programs, Call(algorithm, n, ITEMSIZE * n, ITEMSIZE), params._replace(
+        beta=params.beta * factor, gamma=params.gamma * factor, eager_limit=None if limit is None else limit / factor))
 
 
 def check_scaling(params: dict) -> None:
     """Simulating one element per rank with β, γ scaled matches simulating the larger size directly."""
     n, k = 8, 4 * 8 * 4096
-    scaled = run_scaled(rank_programs("tree", n, n), "tree", n, 4096, params).time
-    direct = simulate("tree", n, k, itemsize=ITEMSIZE, **params).time
+    scaled = run_scaled(flat_schedules("tree", n, n), "tree", n, 4096, params).time
+    direct = simulate("tree", n, k, params, itemsize=ITEMSIZE).time
     assert math.isclose(scaled, direct, rel_tol=1e-9), (scaled, direct)
 
 
@@ -128,10 +128,12 @@ def report(traffic, times, costs, ranks, args) -> str:
            "tree (ringtree's `tree`); its ring is ringtree's `ring`. Neither is pipelined here, as in the article.",
            "",
            "Costs for the times ([docs/simulation.md](simulation.md) describes the model):",
-           f"- **this machine**: 2-core VM, fitted by `python -m ringtree calibrate` (its fit with full-duplex ports, less its per-message setup: the article's model has none): α = {costs['this machine']['alpha'] * 1e6:.2f} µs, "
-           f"β = {costs['this machine']['beta'] * 1e12:.0f} ps/B, γ = {costs['this machine']['gamma'] * 1e12:.0f} ps/B, "
-           f"overhead {costs['this machine']['overhead'] * 1e6:.1f} µs per call, messages above "
-           f"{format_size(costs['this machine']['eager_limit'])} α = {costs['this machine']['alpha_rendezvous'] * 1e6:.2f} µs;",
+           "- **this machine**: 2-core VM, fitted by `python -m ringtree calibrate` (its fit with full-duplex ports, "
+           "less its per-message setup: the article's model has none): "
+           f"α = {costs['this machine'].alpha * 1e6:.2f} µs, "
+           f"β = {costs['this machine'].beta * 1e12:.0f} ps/B, γ = {costs['this machine'].gamma * 1e12:.0f} ps/B, "
+           f"overhead {costs['this machine'].overhead * 1e6:.1f} µs per call, messages above "
+           f"{format_size(costs['this machine'].eager_limit)} α = {costs['this machine'].alpha_rendezvous * 1e6:.2f} µs;",
            f"- **cluster** (typical values, not measured here): {CLUSTER_TEXT}.",
            "",
            "## Traffic, counted exactly (K = 1 GiB; bytes as multiples of K)",

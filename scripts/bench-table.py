@@ -7,7 +7,7 @@ time · busbw · ratio to native (above 1: faster than native).
 import argparse
 import json
 
-from ringtree.cli import format_size
+from ringtree.commands.arguments import format_size
 
 
 def main() -> None:

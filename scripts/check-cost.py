@@ -11,8 +11,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
-from ringtree.bench import time_in_turns
-from ringtree.cli import format_size, parse_size
+from ringtree.commands.arguments import format_size, parse_size
+from ringtree.commands.measure import time_in_turns
 
 
 def main() -> None:
@@ -27,9 +27,10 @@ def main() -> None:
     for nbytes in map(parse_size, args.sizes.split(",")):
         data = np.ones(nbytes // 4, np.float32)
         out = np.empty_like(data)
-        median = time_in_turns(comm, {"native": lambda: comm.Allreduce(data, out),
-                                      "plain": lambda: allreduce(data, out),
-                                      "check": lambda: allreduce(data, out, check=True)}, 0.01, args.iters, 3.0)
+        median = time_in_turns(comm, {"native": lambda data=data, out=out: comm.Allreduce(data, out),
+                                      "plain": lambda data=data, out=out: allreduce(data, out),
+                                      "check": lambda data=data, out=out: allreduce(data, out, check=True)},
+                               0.01, args.iters, 3.0)
         if comm.Get_rank() == 0:
             extra = median["check"] - median["plain"]
             print(f"| {format_size(nbytes)} | {median['native'] * 1e6:.1f} | {median['plain'] * 1e6:.1f} | "

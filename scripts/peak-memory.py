@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
-from ringtree.cli import parse_size
+from ringtree.commands.arguments import parse_size
 
 
 def main() -> None:

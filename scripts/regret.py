@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from ringtree.cli import format_size
+from ringtree.commands.arguments import format_size
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 
 For each size of the bench run from --min to --max bytes, the simulator runs
 the same algorithm with the segment size the selector gives it, a step at a
-time where the engine's lean path does (as the bench did), with the costs from
+time where the stepwise path does (as the bench did), with the costs from
 the calibration file. Exits non-zero if any ratio is
 beyond a factor --limit either way.
 
@@ -18,10 +18,11 @@ import argparse
 import json
 import sys
 
-from ringtree.cli import format_size, parse_size
-from ringtree.calibrate import describe, load
-from ringtree.selector import WINDOW, select
+from ringtree.commands.arguments import format_size, parse_size
+from ringtree.commands.calibrate import describe
 from ringtree.sim import simulate
+from ringtree.sim.calibration import load
+from ringtree.tuning.selector import WINDOW, select
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("--max", type=parse_size, default=parse_size("64M"))
     parser.add_argument("--limit", type=float, default=1.5, help="largest acceptable factor between the two")
     args = parser.parse_args()
-    params = load(args.calibration)
+    costs = load(args.calibration)
     with open(args.calibration) as f:
         calibrated = {(m["algorithm"], m["bytes"], m["segment"]): m["seconds"] * 1e6
                       for m in json.load(f)["allreduce_seconds"]}
@@ -41,7 +42,7 @@ def main() -> None:
         bench = json.load(f)
     algorithms = args.algorithms.split(",")
     itemsize = 2 if bench["dtype"] == "float16" else 8 if bench["dtype"] in ("float64", "int64") else 4
-    print(f"{bench['ranks']} ranks, {bench['dtype']} {bench['op']}; {describe(params)}\n")
+    print(f"{bench['ranks']} ranks, {bench['dtype']} {bench['op']}; {describe(costs._asdict())}\n")
     print("| size | " + " | ".join(f"{a} measured µs | {a} simulated µs | ratio" for a in algorithms) + " |")
     print("|---:|" + "---:|---:|---:|" * len(algorithms))
     worst = 1.0
@@ -53,11 +54,11 @@ def main() -> None:
         cells, pairs = [], []
         for algorithm in algorithms:
             choice = select(size, bench["ranks"], bench["dtype"], bench["op"], algorithm)
-            segment, lean = choice.segment, choice.blocking and bench.get("arrays", "numpy") == "numpy"
+            segment, stepwise = choice.segment, choice.stepwise and bench.get("arrays", "numpy") == "numpy"
             earlier = calibrated.get((algorithm, size, segment))  # 0 where unsplit, in select() as in calibrate
             pairs.append(None if earlier is None or bench["ranks"] != 2 else (rows[size, algorithm], earlier))
-            simulated = simulate(algorithm, bench["ranks"], size, itemsize=itemsize, segment=segment,
-                                 window=WINDOW, blocking=lean, **params).time * 1e6
+            simulated = simulate(algorithm, bench["ranks"], size, costs, itemsize=itemsize, segment=segment,
+                                 window=WINDOW, stepwise=stepwise).time * 1e6
             ratio = simulated / rows[size, algorithm]
             worst = max(worst, ratio, 1 / ratio)
             cells.append(f"{rows[size, algorithm]:.1f} | {simulated:.1f} | {ratio:.2f}")

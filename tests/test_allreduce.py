@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from conftest import assert_everywhere, same_on_all_ranks, value_bits
 from ringtree.algorithms import ALGORITHMS as CATALOGUE
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.ops import ReduceOp, check_dtype
-
-from conftest import assert_everywhere, same_on_all_ranks, value_bits
 
 pytestmark = pytest.mark.mpi
 
@@ -106,7 +105,7 @@ def _check_batch(comm, algorithm, count, cases):
     results = [r.wait() for r in requests]
 
     failures = []
-    for ((op, kind), dtype, inplace), data, original, result, out, native in zip(
+    for ((_, kind), dtype, inplace), data, original, result, out, native in zip(
             cases, inputs, originals, results, outputs, natives):
         what = f"{kind.value} {dtype} inplace={inplace}"
         expected = _native_result(comm, native, kind, dtype)

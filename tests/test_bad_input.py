@@ -5,10 +5,9 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from ringtree.allreduce import allreduce, iallreduce
-from ringtree.comm import comm_state
-
 from conftest import assert_everywhere
+from ringtree.allreduce import allreduce, iallreduce
+from ringtree.runtime.state import comm_state
 
 pytestmark = pytest.mark.mpi
 

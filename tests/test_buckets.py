@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import ringtree
-
 from conftest import assert_everywhere
 
 pytestmark = pytest.mark.mpi

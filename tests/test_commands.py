@@ -11,8 +11,8 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from ringtree.algorithms import ALGORITHMS
 from conftest import run_mpiexec
+from ringtree.algorithms import ALGORITHMS
 
 pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 
@@ -53,7 +53,7 @@ def test_bench_gives_each_case_the_median_of_its_passes(bench_results):
 
 
 def test_plot_writes_an_svg(bench_results, tmp_path):
-    from ringtree.__main__ import main
+    from ringtree.commands import main
 
     paths = []
     for inplace, (_, result) in bench_results.items():
@@ -70,8 +70,8 @@ def test_timeline_shows_receives_overlapping_reductions(tmp_path):
                    "--algorithms", "ring", "--segment", "128K", env={"RINGTREE_TIMELINE": template})
     assert run.returncode == 0, run.stdout + run.stderr
     merged = tmp_path / "merged.json"
-    from ringtree.__main__ import main
-    main(["timeline-merge", str(merged), str(tmp_path / "trace.rank0.json"), str(tmp_path / "trace.rank1.json")])
+    from ringtree.commands import main
+    main(["timeline-merge", "-o", str(merged), str(tmp_path / "trace.rank0.json"), str(tmp_path / "trace.rank1.json")])
     events = [e for e in json.loads(merged.read_text())["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in events} == {0, 1}
     for rank in (0, 1):
@@ -89,8 +89,9 @@ def test_timeline_shows_receives_overlapping_reductions(tmp_path):
 
 def test_without_the_variable_nothing_is_recorded():
     import numpy as np
-    from ringtree import timeline
+
     from ringtree.allreduce import allreduce
+    from ringtree.runtime import timeline
     assert "RINGTREE_TIMELINE" not in os.environ
     allreduce(np.ones(1000), segment=800)
     assert not timeline.ACTIVE and not timeline._events
@@ -126,7 +127,7 @@ def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
 
 
 def test_tune_merge_retunes_only_its_sizes(tmp_path):
-    from ringtree.selector import TuningTable
+    from ringtree.tuning.selector import TuningTable
     shipped = Path(ringtree.__file__).parent / "tuning" / "default.json"
     table = tmp_path / "tuning.json"
     table.write_text(shipped.read_text())
@@ -161,7 +162,8 @@ def test_ranks_with_different_tables_get_a_clear_error_on_every_rank(tmp_path):
         "path = os.path.join(sys.argv[1], f'table{rank % 2}.json')\n"
         "rule = {'ranks': [1, 64], 'bytes': [0, None], 'algorithm': ['ring', 'tree'][rank % 2], 'segment': 0}\n"
         "json.dump({'format': 'ringtree-tuning-1', 'rules': [rule]}, open(path, 'w'))\n"
-        "ringtree.selector.use_table(ringtree.selector.TuningTable.load(path))\n"
+        "from ringtree.tuning import selector\n"
+        "selector.use_table(selector.TuningTable.load(path))\n"
         "try:\n"
         "    allreduce(np.ones(4))\n"
         "    caught = None\n"
@@ -200,7 +202,7 @@ def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
     (["calibrate", "-e", "8K", "-o", "OUT"], "-e/--maxbytes", "must be at least 65536, not 8K"),
     (["simulate", "--algorithm", "ring", "--ranks", "0", "--bytes", "1K"], "--ranks", "must be at least 1, not 0"),
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "lots"], "--bytes", "invalid size value: 'lots'"),
-    (["draw", "ring", "--count", "-3", "-o", "OUT"], "--count", "must be at least 0, not -3"),
+    (["draw", "--algorithm", "ring", "--bytes", "-3", "-o", "OUT"], "--bytes", "must be at least 0, not -3"),
 ])
 def test_commands_refuse_a_bad_count_naming_the_argument(tmp_path, command, argument, message):
     output = tmp_path / "out"
@@ -211,21 +213,22 @@ def test_commands_refuse_a_bad_count_naming_the_argument(tmp_path, command, argu
 
 def test_bench_refuses_an_empty_grid_before_measuring():
     run = run_mpiexec(2, "-m", "ringtree", "bench", "-b", "1M", "-e", "8", timeout=60)
-    assert run.returncode != 0 and "no sizes: --minbytes 1048576 is above --maxbytes 8" in run.stderr
+    assert run.returncode != 0 and "error: no sizes: --minbytes 1048576 is above --maxbytes 8" in run.stderr
     assert "busbw" not in run.stdout
 
 
 def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
-    from ringtree.calibrate import load
     from ringtree.sim import simulate
+    from ringtree.sim.calibration import load
     path = tmp_path / "calibration.json"
     run = run_mpiexec(2, "-m", "ringtree", "calibrate", "-e", "64K", "--iters", "3", "--passes", "3",
                       "-o", str(path))
     assert run.returncode == 0, run.stdout + run.stderr
     costs = load(str(path))
-    assert min(costs.values()) >= 0 and costs["eager_limit"] in [8 << k for k in range(14)]
+    assert min(costs.alpha, costs.beta, costs.gamma, costs.overhead, costs.setup) >= 0
+    assert costs.eager_limit in [8 << k for k in range(14)]
     assert "fitted to the allreduce times" in run.stdout
-    assert simulate("ring", 2, 1 << 20, **costs).time > 0
+    assert simulate('ring', 2, 1 << 20, costs).time > 0
     with open(path) as f:
         measured = json.load(f)["allreduce_seconds"]
     assert {m["bytes"] for m in measured} == {1 << k for k in range(10, 17)}
@@ -236,3 +239,48 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
                            capture_output=True, text=True)
     assert refit.returncode == 0, refit.stderr
     assert load(str(again)) == costs and json.loads(again.read_text())["allreduce_seconds"] == measured
+
+
+@pytest.mark.parametrize("command, message", [
+    (["bench", "--dtype", "foo"], "argument --dtype: not a numpy dtype: 'foo'"),
+    (["bench", "--dtype", "int32", "--op", "avg"], "--op avg --dtype int32: op avg is not defined for dtype int32"),
+    (["bench", "--algorithms", "ring,butterfly"], "argument --algorithms: unknown algorithm 'butterfly'"),
+    (["bench", "--algorithms", "roundtrip"], "'roundtrip' copies CuPy arrays to the host: it goes with --cupy"),
+    (["bench", "--batch", "0"], "argument --batch: must be above 0, not 0"),
+    (["tune", "--algorithms", "fastest"], "argument --algorithms: unknown algorithm 'fastest'"),
+    (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1K", "--calibration", "missing.json"],
+     "argument --calibration: cannot read missing.json: No such file or directory"),
+    (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1K", "--calibration", "TRACE"],
+     "is not a calibration written by `python -m ringtree calibrate`"),
+    (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "10", "--itemsize", "4"],
+     "--bytes 10 is not a whole number of 4-byte elements"),
+    (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1M", "--segment", "64K", "--stepwise"],
+     "--stepwise runs unsegmented schedules only"),
+    (["plot", "TRACE"], "a trace: plot it with --timeline"),
+    (["plot", "--timeline", "missing.json"], "argument FILE: cannot read missing.json"),
+    (["timeline-merge", "-o", "OUT", "BENCH"], "every file must be a trace written under RINGTREE_TIMELINE"),
+    (["calibrate", "--refit", "TRACE", "-o", "OUT"], "--refit TRACE: not a file written by `python -m ringtree calibrate`"),
+    (["draw", "--algorithm", "ring", "--ranks", "2000"], "--ranks 2000: at most 32 lanes are drawn"),
+    (["draw", "--algorithm", "ring", "--ranks", "32", "--bytes", "1M", "--segment", "1K"],
+     "sends 63488 messages; at most 2000 are drawn"),
+    (["draw", "ring"], "the following arguments are required: --algorithm"),
+])
+def test_every_bad_argument_is_a_usage_error_not_a_traceback(tmp_path, command, message):
+    trace, bench = tmp_path / "trace.json", tmp_path / "bench.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    bench.write_text(json.dumps({"rows": []}))
+    files = {"TRACE": str(trace), "BENCH": str(bench), "OUT": str(tmp_path / "out")}
+    run = subprocess.run([sys.executable, "-m", "ringtree", *[files.get(word, word) for word in command]],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "usage: python -m ringtree" in run.stderr
+    assert message.replace("TRACE", str(trace)) in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_draw_refuses_a_diagram_too_large_at_once():
+    import time
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "ringtree", "draw", "--algorithm", "ring", "--ranks", "2000"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and time.perf_counter() - started < 30

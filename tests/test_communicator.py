@@ -7,7 +7,6 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-
 from conftest import assert_everywhere
 
 pytestmark = pytest.mark.mpi

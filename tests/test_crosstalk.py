@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from conftest import assert_everywhere
 from ringtree.algorithms import ALGORITHMS
 from ringtree.allreduce import allreduce, iallreduce
-
-from conftest import assert_everywhere
 
 pytestmark = pytest.mark.mpi
 

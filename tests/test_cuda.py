@@ -7,7 +7,7 @@ import sys
 import pytest
 from mpi4py import MPI
 
-from ringtree.cuda import detect, loaded_mpi_library
+from ringtree.runtime.cuda import detect, loaded_mpi_library
 
 pytestmark = pytest.mark.mpi  # so that it runs under each MPI the suite covers
 
@@ -25,10 +25,8 @@ def test_the_loaded_mpi_library_is_found_and_asked():
 
 def test_the_setting_wins_over_the_library():
     library = loaded_mpi_library()
-    assert detect("1", library) == (True, "RINGTREE_CUDA_AWARE=1")
-    assert detect("0", library) == (False, "RINGTREE_CUDA_AWARE=0")
-    with pytest.raises(ValueError, match="RINGTREE_CUDA_AWARE must be 0 or 1, not 'yes'"):
-        detect("yes", library)
+    assert detect(True, library) == (True, "RINGTREE_CUDA_AWARE=1")
+    assert detect(False, library) == (False, "RINGTREE_CUDA_AWARE=0")
 
 
 def test_a_library_that_cannot_tell_is_taken_as_not_cuda_aware():
@@ -39,7 +37,7 @@ def test_a_library_that_cannot_tell_is_taken_as_not_cuda_aware():
 
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs a process of its own")
 def test_the_answer_is_logged_once_with_ringtree_debug():
-    code = "from ringtree.cuda import cuda_support; cuda_support(); print(cuda_support().aware)"
+    code = "from ringtree.runtime.cuda import cuda_support; cuda_support(); print(cuda_support().aware)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "RINGTREE_DEBUG": "1", "RINGTREE_CUDA_AWARE": "1"})
     assert run.returncode == 0, run.stderr

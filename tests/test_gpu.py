@@ -11,15 +11,15 @@ import hashlib
 import numpy as np
 import pytest
 from mpi4py import MPI
-
-from ringtree.allreduce import allreduce, iallreduce
-from ringtree.backend import cupy_backend
-from ringtree.comm import comm_state
-from ringtree.cuda import cuda_support
-from ringtree.ops import ReduceOp
+from test_allreduce import ALGORITHMS, DTYPES, NATIVE, OPS, _native_result, _wire, exact_inputs, supported
 
 from conftest import assert_everywhere, value_bits
-from test_allreduce import ALGORITHMS, DTYPES, NATIVE, OPS, _native_result, _wire, exact_inputs, supported
+from ringtree import settings
+from ringtree.allreduce import allreduce, iallreduce
+from ringtree.ops import ReduceOp
+from ringtree.runtime.backend import cupy_backend
+from ringtree.runtime.cuda import cuda_support
+from ringtree.runtime.state import comm_state
 
 cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
 
@@ -44,10 +44,9 @@ small_calls = pytest.mark.parametrize("host_max", ["default", "0"], ids=["throug
 
 
 def _small_calls(monkeypatch, host_max):
-    if host_max == "default":
-        monkeypatch.delenv("RINGTREE_GPU_HOST_MAX", raising=False)
-    else:
-        monkeypatch.setenv("RINGTREE_GPU_HOST_MAX", host_max)
+    """RINGTREE_GPU_HOST_MAX=host_max for this test, as the settings would read it."""
+    environ = {} if host_max == "default" else {"RINGTREE_GPU_HOST_MAX": host_max}
+    monkeypatch.setattr(settings, "_current", settings.read(environ))
 
 
 def _on_this_rank_device(comm):

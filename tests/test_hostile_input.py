@@ -2,7 +2,8 @@
 a hang or a changed input. On one rank (COMM_SELF), so hypothesis can draw freely."""
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mpi4py import MPI
 
 from ringtree.algorithms import ALGORITHMS

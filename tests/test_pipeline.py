@@ -3,12 +3,13 @@
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ringtree.algorithms import ALGORITHMS
-from ringtree.pipeline import SLOTS, segmented
 from ringtree.schedule import INPUT, OUTPUT, OpKind
-from ringtree.verify import allreduce_schedules, verify_schedules
+from ringtree.schedule.pipeline import SLOTS, segmented
+from ringtree.sim.verify import allreduce_schedules, verify_schedules
 
 
 def _messages(schedule):
@@ -40,7 +41,7 @@ def _joined(pieces):
 def test_segmenting_keeps_the_collective_and_bounds_scratch(algorithm, nranks, count, segment, window):
     plain = allreduce_schedules(algorithm, nranks, count)
     split = [segmented(s, segment, window) for s in plain]
-    verify_schedules(split, blocking=False)  # still an allreduce, and the engine cannot deadlock on it
+    verify_schedules(split, stepwise=False)  # still an allreduce, and the engine cannot deadlock on it
     for before, after in zip(plain, split):
         # every op becomes ceil(c / segment) pieces of at most `segment` elements
         assert len(after.ops) == sum(math.ceil(op.regions[0].count / segment) for op in before.ops)

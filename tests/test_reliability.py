@@ -9,8 +9,8 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from ringtree.allreduce import allreduce, iallreduce
 from conftest import assert_everywhere, run_mpiexec
+from ringtree.allreduce import allreduce, iallreduce
 
 one_rank_only = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 
@@ -114,13 +114,14 @@ NEVER_JOINS = """
     import numpy as np
     from mpi4py import MPI
     import ringtree
+    import ringtree.settings
     from ringtree.allreduce import allreduce
     comm, folder = MPI.COMM_WORLD, pathlib.Path(sys.argv[2])
     timeout = None if sys.argv[1] == "env" else float(sys.argv[1])  # "env": RINGTREE_TIMEOUT sets it
     rank, missing = comm.Get_rank(), comm.Get_size() - 1
     allreduce(np.ones(4))  # sets the communicator up: every rank takes part
     if rank == missing:
-        time.sleep((timeout or ringtree.reliability.TIMEOUT) + 3)  # never joins the next collective
+        time.sleep((timeout or ringtree.settings.current().timeout) + 3)  # never joins the next collective
     else:
         report = []
         started = time.perf_counter()

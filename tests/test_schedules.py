@@ -4,13 +4,14 @@ import ast
 import pathlib
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ringtree
 from ringtree.algorithms import ALGORITHMS
 from ringtree.algorithms.tree import binomial_family
 from ringtree.schedule import INPUT, OUTPUT, Op, OpKind, Ref, Schedule, ScheduleBuilder, even_chunks
-from ringtree.verify import ScheduleError, allreduce_schedules, verify, verify_schedules
+from ringtree.sim.verify import ScheduleError, allreduce_schedules, verify, verify_schedules
 
 PACKAGE = pathlib.Path(ringtree.__file__).parent
 
@@ -132,8 +133,8 @@ def test_verifier_catches_a_message_of_the_wrong_size():
         verify_schedules(_planted("ring", 2, 4, 0, shrink))
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "algorithms").glob("*.py")) + [PACKAGE / "schedule.py"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PACKAGE / "algorithms").glob("*.py")) + sorted((PACKAGE / "schedule").glob("*.py")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_generators_import_no_mpi_and_no_array_library(path):
     imported = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -157,7 +158,7 @@ def test_verifier_catches_an_order_that_deadlocks_only_when_run_step_by_step():
         b.send(1 - rank, mine)
         b.reduce(result, result, incoming)
         schedules.append(b.build())
-    verify_schedules(schedules, blocking=False)
+    verify_schedules(schedules, stepwise=False)
     with pytest.raises(ScheduleError, match="deadlock when run step by step"):
         verify_schedules(schedules)
 
@@ -185,7 +186,7 @@ def test_verifier_catches_a_swapped_region():
         return ops
     # Now the moved send reads a chunk that a receive overwrites, unordered: named as a race.
     with pytest.raises(ScheduleError, match=r"rank 0: op 3 \(send input\[0:2\] to 1\) and op 7 .* both touch"):
-        verify_schedules(_planted("ring", 3, 6, 0, swap), blocking=False)
+        verify_schedules(_planted("ring", 3, 6, 0, swap), stepwise=False)
 
 
 def test_verifier_catches_a_cyclic_wait():

@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from ringtree import selector
+from ringtree import settings
 from ringtree.algorithms import ALGORITHMS
-from ringtree.model import Params, coefficients, fit, predict
-from ringtree.selector import SEGMENT_BYTES, TuningTable, select
-from ringtree.verify import allreduce_schedules
 from ringtree.schedule import OpKind
+from ringtree.sim.verify import allreduce_schedules
+from ringtree.tuning import selector
+from ringtree.tuning.model import Params, coefficients, fit, predict
+from ringtree.tuning.selector import SEGMENT_BYTES, TuningTable, select
 
 
 def _table(rules, models=None):
@@ -45,34 +46,26 @@ def test_uncovered_rank_counts_go_to_the_model(table):
     assert choice.algorithm == best
 
 
-def test_explicit_algorithm_and_segment_win(table, monkeypatch):
+@pytest.fixture
+def environment(monkeypatch):
+    """A function that makes the settings those of an environment holding just these variables."""
+    return lambda **variables: monkeypatch.setattr(settings, "_current", settings.read(variables))
+
+
+def test_explicit_algorithm_and_segment_win(table, environment):
     assert select(8, 2, algorithm="double_tree")[:2] == ("double_tree", 0)
     assert select(8 << 20, 2, segment=1 << 20)[:2] == ("ring", 1 << 20)
-    monkeypatch.setenv("RINGTREE_ALGORITHM", "rabenseifner")
+    environment(RINGTREE_ALGORITHM="rabenseifner")
     assert select(8, 2).algorithm == "rabenseifner" and select(8, 2).source == "RINGTREE_ALGORITHM"
     assert select(8, 2, algorithm="tree").algorithm == "tree"
-    monkeypatch.setenv("RINGTREE_ALGORITHM", "nonsense")
-    with pytest.raises(ValueError, match="RINGTREE_ALGORITHM"):
-        select(8, 2)
 
 
-def test_the_gpu_host_limit_has_a_default_and_takes_a_number_of_bytes(monkeypatch):
-    monkeypatch.delenv("RINGTREE_GPU_HOST_MAX", raising=False)
-    assert selector.gpu_host_max_bytes() == selector.GPU_HOST_MAX_BYTES
-    monkeypatch.setenv("RINGTREE_GPU_HOST_MAX", "4096")
-    assert selector.gpu_host_max_bytes() == 4096
-    for bad in ("1MiB", "-1"):
-        monkeypatch.setenv("RINGTREE_GPU_HOST_MAX", bad)
-        with pytest.raises(ValueError, match=f"RINGTREE_GPU_HOST_MAX={bad!r} is not a number of bytes"):
-            selector.gpu_host_max_bytes()
-
-
-def test_the_identity_changes_with_the_table_and_the_setting(table, monkeypatch):
+def test_the_identity_changes_with_the_table_and_the_setting(table, environment):
     first = selector.identity()
     selector.use_table(_table([{"ranks": [1, 9], "bytes": [0, None], "algorithm": "tree", "segment": 0}]))
     assert selector.identity() != first
     second = selector.identity()
-    monkeypatch.setenv("RINGTREE_ALGORITHM", "ring")
+    environment(RINGTREE_ALGORITHM="ring")
     assert selector.identity() != second
 
 
@@ -115,7 +108,7 @@ def test_the_models_bytes_bound_what_the_busiest_rank_sends(algorithm, nranks):
 
 
 def test_tune_picks_per_algorithm_the_segment_best_where_all_were_tried():
-    from ringtree.tune import candidates, segments_from
+    from ringtree.commands.tune import candidates, segments_from
     timings = {(1 << 20): 3.0, (4 << 20): 2.0, (16 << 20): 2.5}
     measurements = []
     for nbytes in (8 << 20, 32 << 20, 64 << 20):
@@ -126,7 +119,7 @@ def test_tune_picks_per_algorithm_the_segment_best_where_all_were_tried():
 
 
 def _winners(times_by_size: dict[int, dict[str, float]]) -> list[str]:
-    from ringtree.tune import winners_from
+    from ringtree.commands.tune import winners_from
     mean = {nbytes: {(alg, 0): t for alg, t in times.items()} for nbytes, times in times_by_size.items()}
     return [alg for _, alg, _, _ in winners_from(mean, ["ring", "tree"], {"ring": 1 << 30, "tree": 1 << 30})]
 
@@ -150,7 +143,7 @@ def _rule(low, high, algorithm, segment=0):
 
 
 def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
-    from ringtree.tune import merged_rules, rules_from
+    from ringtree.commands.tune import merged_rules, rules_from
     old = [_rule(0, 1024, "recursive_doubling"), _rule(1025, 1 << 20, "rabenseifner", 1 << 21),
            _rule((1 << 20) + 1, None, "ring", 1 << 22)]
     # re-tuned 4 KiB to 64 KiB (grid point below: 2 KiB): the ring wins up to 16 KiB, then the tree

@@ -6,18 +6,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mpi4py import MPI
 
 from ringtree.algorithms import ALGORITHMS
 from ringtree.allreduce import _plan, _start
-from ringtree.backend import NumpyBackend
-from ringtree.comm import comm_state
 from ringtree.ops import ReduceOp
-from ringtree.pipeline import segmented
+from ringtree.runtime.backend import NumpyBackend
+from ringtree.runtime.state import comm_state
 from ringtree.schedule import OpKind
-from ringtree.staging import RECV_SLOTS, SEND_SLOTS, is_host, staged
-from ringtree.verify import allreduce_schedules, verify_schedules
+from ringtree.schedule.pipeline import segmented
+from ringtree.schedule.staging import RECV_SLOTS, SEND_SLOTS, is_host, staged
+from ringtree.sim.verify import allreduce_schedules, verify_schedules
 
 
 @settings(max_examples=60, deadline=None)
@@ -28,7 +29,7 @@ def test_staging_keeps_the_collective_and_bounds_host_memory(algorithm, nranks, 
     if segment:
         plain = [segmented(s, segment, 4) for s in plain]
     through_host = [staged(s, window) for s in plain]
-    verify_schedules(through_host, blocking=not segment)
+    verify_schedules(through_host, stepwise=not segment)
     for before, after in zip(plain, through_host):
         messages = [op for op in after.ops if op.peer is not None]
         assert all(is_host(op.regions[0].buffer) for op in messages)
@@ -48,7 +49,7 @@ def test_staged_schedules_verify_on_1_to_16_ranks(algorithm):
         count = 2 * nranks + 1
         verify_schedules([staged(s, 2) for s in allreduce_schedules(algorithm, nranks, count)])
         verify_schedules([staged(segmented(s, 2, 4), 1) for s in allreduce_schedules(algorithm, nranks, count)],
-                         blocking=False)
+                         stepwise=False)
 
 
 def test_staging_rejects_nonsense():
@@ -109,6 +110,6 @@ def test_the_engine_runs_staged_and_queued_work_like_native_mpi(backend, segment
     source = result if inplace else data
     state = comm_state(comm, None)
     call = _plan(state, backend, algorithm, result, ReduceOp.SUM, segment)
-    assert any(is_host(name) for name, _ in call.plan.schedule.scratch) == (backend.staged and comm.Get_size() > 1)
+    assert any(is_host(name) for name, _ in call.compiled.schedule.scratch) == (backend.staged and comm.Get_size() > 1)
     _start(call, state, source, result, result, inplace, None).wait()
     assert np.array_equal(result, expected)

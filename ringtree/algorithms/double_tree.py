@@ -15,7 +15,7 @@ ranks with four tree edges where three would do, and for odd N leaves rank 0
 inner in both trees.)
 """
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks, single_rank
+from ..schedule.ir import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks, single_rank
 
 
 def heap_tree(nranks: int, rank: int, shift: int = 0) -> tuple[int | None, list[int]]:

@@ -15,7 +15,7 @@ one's; each adds one half; the even rank sends its half-sum over, and sits out
 until the odd rank hands it the result at the end.
 """
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, single_rank
+from ..schedule.ir import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, single_rank
 
 
 def rabenseifner_allreduce(nranks: int, rank: int, count: int) -> Schedule:

@@ -8,7 +8,7 @@ sits out the rounds, and gets the result back at the end (Thakur, Rabenseifner
 and Gropp, 2005).
 """
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, single_rank
+from ..schedule.ir import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, single_rank
 
 
 def recursive_doubling_allreduce(nranks: int, rank: int, count: int) -> Schedule:

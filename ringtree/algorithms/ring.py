@@ -9,7 +9,7 @@ the right. Every rank sends and receives 2(N-1)/N of the data, whatever N.
 
 import math
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks
+from ..schedule.ir import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder, even_chunks
 
 
 def ring_allreduce(nranks: int, rank: int, count: int) -> Schedule:

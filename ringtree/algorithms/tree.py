@@ -7,7 +7,7 @@ then flows back down, largest subtree first. 2·⌈log2 N⌉ steps, each carryin
 the whole message.
 """
 
-from ..schedule import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder
+from ..schedule.ir import INPUT, OUTPUT, Ref, Schedule, ScheduleBuilder
 
 
 def binomial_family(nranks: int, rank: int) -> tuple[int | None, list[int]]:

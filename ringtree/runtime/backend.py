@@ -2,17 +2,60 @@
 
 NumpyBackend handles numpy arrays; CupyBackend CuPy arrays on the current CUDA
 device, direct to a CUDA-aware MPI or staged through pinned host memory
-(staging.py) for any other.
+(schedule/staging.py) for any other. Both are a `Backend`.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
-from .ops import ReduceOp
+from ..debug import log
+from ..ops import ReduceOp
+
+__all__ = ["Backend", "NumpyBackend", "CupyBackend", "NoDevice", "backend_for", "cupy_backend"]
+
+Reduce = Callable[[Any, Any, Any], Any]  # (left, right, out): out <- left (+) right
+
+
+class Backend(Protocol):
+    """What the library asks of an array library."""
+
+    staged: bool  # messages go through host memory: the MPI cannot take these arrays
+    asynchronous: bool  # reductions and copies may return before they finish (runtime/engine.py)
+
+    def owns(self, array) -> bool: ...
+
+    def check(self, array, name: str, op: ReduceOp) -> None:
+        """Raise TypeError or ValueError for an array this backend cannot reduce with `op`."""
+
+    def writeable(self, array) -> bool: ...
+
+    def empty_like(self, array): ...
+
+    def empty(self, count: int, dtype: np.dtype): ...
+
+    def host_empty(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """Scratch in host memory, for a staged schedule's host buffers."""
+
+    def reducer(self, op: ReduceOp) -> Reduce: ...
+
+    def bind(self, reduce: Reduce) -> tuple[Callable, Callable, Callable]:
+        """(reduce, copy, divide) for one call started now."""
+
+    def aliasing(self, a, b) -> str | None:
+        """None if a and b are apart in memory, "same" if they are one region, else "overlap"."""
+
+    # Staged backends only: a whole call's data through host memory (allreduce's small staged calls).
+    def to_host(self, array) -> np.ndarray: ...
+
+    def to_device(self, host: np.ndarray, array, stream) -> None: ...
+
+    def current_stream(self): ...
 
 
 def _minimum(left, right, out):
@@ -42,6 +85,10 @@ class NumpyBackend:
         return isinstance(array, np.ndarray)
 
     @staticmethod
+    def check(array, name: str, op: ReduceOp) -> None:
+        """numpy reduces every dtype that ops.check_dtype lets through."""
+
+    @staticmethod
     def writeable(array: np.ndarray) -> bool:
         return array.flags.writeable
 
@@ -58,7 +105,7 @@ class NumpyBackend:
     def empty(count: int, dtype: np.dtype) -> np.ndarray:
         return np.empty(count, dtype)
 
-    host_empty = empty  # scratch a staged schedule keeps in host memory (staging.HOST)
+    host_empty = empty
 
     @staticmethod
     def reducer(op: ReduceOp):
@@ -76,7 +123,6 @@ class NumpyBackend:
 
     @staticmethod
     def aliasing(a, b) -> str | None:
-        """None if a and b are apart in memory, "same" if they are one region, else "overlap"."""
         if a is b:
             return "same"
         if a.flags.owndata and b.flags.owndata:  # two allocations of numpy's own never overlap
@@ -160,6 +206,9 @@ class CupyBackend:
     def reducer(self, op: ReduceOp):
         return self.ufuncs[op]  # bind() puts it on a call's stream
 
+    def current_stream(self):
+        return self.cupy.cuda.get_current_stream()
+
     def to_host(self, array) -> np.ndarray:
         """A pinned host copy of `array`, made after the work queued on the current stream."""
         host = self.host_empty(array.size, array.dtype)
@@ -239,7 +288,6 @@ def cupy_backend() -> CupyBackend:
     import cupy
 
     from .cuda import cuda_support
-    from .selector import log
 
     try:
         devices = cupy.cuda.runtime.getDeviceCount()

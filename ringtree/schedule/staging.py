@@ -19,7 +19,7 @@ and the slots can be pinned once and reused by every call.
 
 from __future__ import annotations
 
-from .schedule import OpKind, Ref, Schedule, ScheduleBuilder
+from .ir import OpKind, Ref, Schedule, ScheduleBuilder
 
 HOST = "host:"  # buffers named with this prefix live in host memory, whatever the call's arrays are
 SEND_SLOTS = HOST + "send"

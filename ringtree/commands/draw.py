@@ -2,41 +2,73 @@
 
 Ranks are lanes, time runs left to right in steps: the schedules are
 simulated with unit costs (a message takes one step, a reduction or copy of
-the whole message a quarter), so every arrow is one message, from its sender when it starts to its
-receiver when it lands, labelled with the elements it carries. Reductions and
-copies are marked on their rank's lane.
+the whole message a quarter), so every arrow is one message, from its sender
+when it starts to its receiver when it lands, labelled with the elements it
+carries. Reductions and copies are marked on their rank's lane. A diagram of
+more than MAX_RANKS lanes or MAX_MESSAGES arrows is refused: it would take
+minutes to draw and could not be read.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from .algorithms import ALGORITHMS
-from .cli import at_least
-from .sim import simulate
+from ..algorithms import ALGORITHMS
+from ..sim import Costs, simulate
+from ..sim.flat import flat_schedules
+from .arguments import UsageError, at_least, format_size, one_of, parse_size
+
+MAX_RANKS = 32
+MAX_MESSAGES = 2000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("algorithm", choices=sorted(ALGORITHMS))
-    parser.add_argument("--ranks", type=at_least(1), default=4, help="number of ranks (lanes)")
-    parser.add_argument("--count", type=at_least(0), default=None,
-                        help="elements in the message (default: one per rank, so a ring chunk is one element)")
-    parser.add_argument("--segment", type=at_least(0), default=0, help="elements per segment (default: not segmented)")
+    parser.add_argument("--algorithm", type=one_of(list(ALGORITHMS)), required=True,
+                        help=f"one of {', '.join(ALGORITHMS)}")
+    parser.add_argument("--ranks", type=at_least(1), default=4, help=f"number of ranks (lanes), at most {MAX_RANKS}")
+    parser.add_argument("--bytes", type=at_least(0, parse_size), default=None,
+                        help="message size, e.g. 64, 1K (default: one element per rank, so a ring chunk is one element)")
+    parser.add_argument("--itemsize", type=at_least(1), default=4, help="bytes per element (default 4, float32)")
+    parser.add_argument("--segment", type=at_least(0, parse_size), default=0,
+                        help="pipeline segments of this many bytes (default: not segmented)")
     parser.add_argument("-o", "--output", default=None, help="image file, .svg or .png (default: ALGORITHM.svg)")
 
 
+def check(args: argparse.Namespace) -> None:
+    if args.ranks > MAX_RANKS:
+        raise UsageError(f"--ranks {args.ranks}: at most {MAX_RANKS} lanes are drawn (simulate gives the numbers "
+                         "for any rank count)")
+    nbytes = _nbytes(args)
+    if nbytes % args.itemsize:
+        raise UsageError(f"--bytes {nbytes} is not a whole number of {args.itemsize}-byte elements")
+    segment = max(1, args.segment // args.itemsize) if args.segment else 0
+    messages = sum(schedule.kinds.count(0) for schedule in flat_schedules(
+        args.algorithm, args.ranks, nbytes // args.itemsize, segment))
+    if messages > MAX_MESSAGES:
+        raise UsageError(f"{args.algorithm} on {args.ranks} ranks, {format_size(nbytes)}"
+                         + (f" in segments of {format_size(args.segment)}" if args.segment else "")
+                         + f" sends {messages} messages; at most {MAX_MESSAGES} are drawn: "
+                         "fewer ranks, fewer bytes or larger segments")
+
+
+def _nbytes(args: argparse.Namespace) -> int:
+    return args.bytes if args.bytes is not None else args.ranks * args.itemsize
+
+
 def run(args: argparse.Namespace) -> None:
-    draw(args.algorithm, args.ranks, args.count if args.count is not None else args.ranks,
-         args.output or f"{args.algorithm}.svg", segment=args.segment)
+    segment = max(1, args.segment // args.itemsize) if args.segment else 0
+    draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, args.output or f"{args.algorithm}.svg",
+         segment=segment)
 
 
 def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0) -> None:
+    """Draw `algorithm` on `nranks` ranks for `count` elements, `segment` elements per segment."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    result = simulate(algorithm, nranks, count, itemsize=1, segment=segment, trace=True,
-                      alpha=1.0, beta=0.0, gamma=0.25 / max(count, 1))
+    result = simulate(algorithm, nranks, count, Costs(alpha=1.0, beta=0.0, gamma=0.25 / max(count, 1)), itemsize=1,
+                      segment=segment, trace=True)
     width = max(6.0, 1.1 * result.time + 2)
     fig, ax = plt.subplots(figsize=(width, 0.9 * nranks + 1.4))
     for rank in range(nranks):

@@ -12,7 +12,8 @@ rank counts and sizes they do not cover.
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 

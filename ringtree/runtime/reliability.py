@@ -21,40 +21,19 @@ receives with its receive: a difference raises MismatchError on that rank.
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 
 import numpy as np
 from mpi4py import MPI
 
-from .errors import MismatchError, TimeoutError
+from ..errors import MismatchError, TimeoutError
 
 PING, PRESENT = 1, 2  # tags on the control communicator
 # How long a timed-out rank listens for the others' answers, and how often a waiting rank looks for questions.
 GRACE_SECONDS = 0.5
 ANSWER_EVERY_SECONDS = 0.005
 
-
-def check_default() -> bool:
-    return os.environ.get("RINGTREE_CHECK", "0") not in ("", "0")
-
-
-def timeout_default() -> float | None:
-    text = os.environ.get("RINGTREE_TIMEOUT", "")
-    if not text:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise ValueError(f"RINGTREE_TIMEOUT must be a number of seconds, not {text!r}") from None
-    if not seconds > 0:
-        raise ValueError(f"RINGTREE_TIMEOUT must be positive, not {text!r}")
-    return seconds
-
-
-CHECK = check_default()
-TIMEOUT = timeout_default()
 
 _FIELDS = ("count", "dtype", "op", "algorithm", "call number")
 
@@ -125,7 +104,7 @@ def timed_out(execution, waiting: list[int], timeout: float) -> TimeoutError:
     """The error for a collective that made no progress for `timeout` seconds, with its ops still in
     flight (`waiting`, by index): what it waits for, and which ranks are not in it."""
     state, seq = execution.state, execution.seq
-    schedule = execution.plan.schedule
+    schedule = execution.compiled.schedule
     present = _ask_who_is_here(state, seq)
     missing = [r for r in range(state.size) if r != state.rank and r not in present]
     elsewhere = {r: s for r, s in present.items() if s != seq}

@@ -13,12 +13,15 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import reliability, selector
-from .errors import MismatchError, TimeoutError
+from .. import settings
+from ..debug import configure_debug_logging
+from ..errors import MismatchError, TimeoutError
+from ..tuning import selector
+from . import timeline
 
 _keyval: int | None = None
 # The last communicator used and its state: a loop on one communicator skips the attribute lookup.
-# One list, changed in place, so that the lean path may hold it.
+# One list, changed in place, so that allreduce's repeat path may hold it.
 LAST: list = [None, None]
 
 
@@ -29,13 +32,16 @@ class CommState:
         name = comm.Get_name() or "comm"
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        selector.configure_debug_logging(MPI.COMM_WORLD.Get_rank())
         # Every rank must make the same choices: compare what they depend on, once per communicator.
-        # A rank that cannot load its table still takes part, so that none waits for it.
+        # A rank that cannot read its settings or load its table still takes part, so that none waits for it.
         try:
-            mine = f"{selector.identity()}, RINGTREE_CHECK={int(reliability.CHECK)}"
+            current = settings.current()
+            configure_debug_logging(MPI.COMM_WORLD.Get_rank())
+            if current.timeline:
+                timeline.start(current.timeline)
+            mine = f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}"
         except (OSError, ValueError) as error:
-            mine = f"no usable tuning setup ({error})"
+            mine = f"no usable settings ({error})"
         # Nonblocking, so that a rank that never comes is a timeout, not a hang.
         self.comm, dup = comm.Idup()
         self.control, control_dup = comm.Idup()  # for timeouts: who is still here is asked on this one
@@ -57,8 +63,8 @@ class CommState:
             raise ValueError(f"ringtree on rank {self.rank}: {mine}")
         self.tags = min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB), 1 << 30) + 1  # the standard puts TAG_UB on COMM_WORLD only
         self.calls = 0
-        self.plans: dict = {}  # per call shape: what allreduce.iallreduce built on the first call
-        self.repeats: dict = {}  # the same plans, by the arguments of lean calls that passed the checks
+        self.plans: dict = {}  # per call shape: the CallPlan allreduce built on the first call
+        self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies in flight to other ranks' questions
         self.broken: Exception | None = None  # set by a timeout: this communicator is not to be used again
 

@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import ALGORITHMS
-from .allreduce import allreduce
-from .backend import NoDevice, cupy_backend
-from .cuda import cuda_support
-from .cli import at_least, parse_size, sizes_from_args
-from .ops import MPI_OP, ReduceOp, check_dtype, parse_op
+from ..algorithms import ALGORITHMS
+from ..allreduce import allreduce
+from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
+from ..runtime.backend import NoDevice, cupy_backend
+from ..runtime.cuda import cuda_support
+from .arguments import UsageError, at_least, comma_list, dtype, parse_size, positive, sizes_from_args
+from .measure import across_ranks, exact_inputs, in_pass_order, time_in_turns
 
 NATIVE = "native"
 ROUNDTRIP = "roundtrip"
+NAMES = [*ALGORITHMS, "auto", NATIVE, ROUNDTRIP]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,19 +44,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smallest size (e.g. 8, 1K, 4M)")
     parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
-    parser.add_argument("--algorithms", default="ring,tree,auto,native",
-                        help=f"comma-separated, from {', '.join(sorted(ALGORITHMS))}, auto, native, "
+    parser.add_argument("--algorithms", type=comma_list(NAMES), default="ring,tree,auto,native",
+                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto, native, "
                              "and with --cupy roundtrip")
     parser.add_argument("--cupy", action="store_true", help="CuPy arrays on the GPU instead of numpy arrays")
-    parser.add_argument("--dtype", default="float32", help="numpy dtype name")
+    parser.add_argument("--dtype", type=dtype, default="float32", help="numpy dtype name")
     parser.add_argument("--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
     parser.add_argument("--inplace", action="store_true", help="MPI.IN_PLACE instead of separate buffers")
-    parser.add_argument("--segment", type=at_least(1, parse_size), default=None, help="segment size in bytes (default: selector's)")
+    parser.add_argument("--segment", type=at_least(1, parse_size), default=None,
+                        help="segment size in bytes (default: selector's)")
     parser.add_argument("--iters", type=at_least(1), default=20, help="timed repetitions per size (fewer for big sizes)")
     parser.add_argument("--warmup", type=at_least(0), default=3, help="untimed repetitions per size")
-    parser.add_argument("--batch", type=float, default=1e-3,
+    parser.add_argument("--batch", type=positive, default=1e-3,
                         help="seconds of back-to-back calls per timed repetition (longer averages out more noise)")
-    parser.add_argument("--budget", type=float, default=2.0,
+    parser.add_argument("--budget", type=positive, default=2.0,
                         help="seconds per size and algorithm, at most, once warm; lowers --iters for big sizes")
     parser.add_argument("--passes", type=at_least(1), default=1,
                         help="times over the whole grid; a case's time is the median over passes")
@@ -63,45 +65,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--note", default="", help="a line about the machine, kept in the JSON (e.g. '2-core VM')")
 
 
-def in_pass_order(sizes: list, k: int) -> list:
-    """The sizes in the order pass k times them: every other pass from the largest down, so that no
-    size is always timed at the same moment of a run."""
-    return sizes if k % 2 == 0 else sizes[::-1]
-
-
-def exact_inputs(comm, count: int, dtype, op: ReduceOp = ReduceOp.SUM) -> tuple[np.ndarray, np.ndarray]:
-    """(this rank's input, the native MPI result): small integers, which every order of summation
-    adds to the same bits, so any algorithm's result can be checked exactly."""
-    data = (np.arange(count) % 7 + comm.Get_rank() % 3 + 1).astype(dtype)
-    expected = np.empty_like(data)
-    comm.Allreduce(data, expected, MPI_OP[op])
-    if op is ReduceOp.AVG:
-        expected /= comm.Get_size()
-    return data, expected
+def check(args: argparse.Namespace) -> None:
+    """UsageError for arguments that do not go together."""
+    sizes_from_args(args)
+    try:
+        check_dtype(args.dtype, parse_op(args.op))
+    except TypeError as error:
+        raise UsageError(f"--op {args.op} --dtype {args.dtype}: {error}") from None
+    if ROUNDTRIP in args.algorithms and not args.cupy:
+        raise UsageError(f"'{ROUNDTRIP}' copies CuPy arrays to the host: it goes with --cupy")
+    if args.dtype == np.float16 and {NATIVE, ROUNDTRIP} & set(args.algorithms):
+        raise UsageError("native MPI has no float16 reduction; leave out 'native' and 'roundtrip' or pick another dtype")
+    if args.cupy:
+        try:
+            cupy_backend()
+        except ImportError:
+            raise UsageError("--cupy needs CuPy: pip install cupy-cuda13x (or cupy-cuda12x)") from None
+        except NoDevice as error:
+            raise UsageError(f"--cupy: {error}") from None
+        if NATIVE in args.algorithms and not cuda_support().aware:
+            raise UsageError(f"native MPI cannot take device memory: the MPI is not CUDA-aware "
+                             f"({cuda_support().reason}); compare with '{ROUNDTRIP}' instead")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    dtype = np.dtype(args.dtype)
-    op = parse_op(args.op)
-    check_dtype(dtype, op)
-    algorithms = args.algorithms.split(",")
-    unknown = set(algorithms) - set(ALGORITHMS) - {"auto", NATIVE} - ({ROUNDTRIP} if args.cupy else set())
-    if unknown:
-        raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
-    if dtype == np.float16 and {NATIVE, ROUNDTRIP} & set(algorithms):
-        raise SystemExit("native MPI has no float16 reduction; leave out 'native' and 'roundtrip' or pick another dtype")
-    if args.cupy:
-        try:
-            cupy_backend()
-        except ImportError:
-            raise SystemExit("--cupy needs CuPy: pip install cupy-cuda13x (or cupy-cuda12x)") from None
-        except NoDevice as error:
-            raise SystemExit(f"--cupy: {error}") from None
-    if args.cupy and NATIVE in algorithms and not cuda_support().aware:
-        raise SystemExit(f"native MPI cannot take device memory: the MPI is not CUDA-aware ({cuda_support().reason}); "
-                         f"compare with '{ROUNDTRIP}' instead")
+    dtype, op, algorithms = args.dtype, parse_op(args.op), args.algorithms
     baseline = next((name for name in (NATIVE, ROUNDTRIP) if name in algorithms), None)
     counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
 
@@ -157,7 +147,7 @@ def _measure_size(comm, algorithms, count, dtype, op, args) -> tuple[dict, dict]
             out[...] = data  # in place, the next call must start from the input again
         calls[name]()
         wrong.append(np.count_nonzero((out.get() if args.cupy else out) != expected))
-    wrong = dict(zip(algorithms, map(int, _across_ranks(comm, wrong, MPI.SUM))))
+    wrong = dict(zip(algorithms, map(int, across_ranks(comm, wrong, MPI.SUM))))
 
     # In place every call adds into the last result, so the values grow until they overflow to inf,
     # which changes neither the work nor its time: numpy need not warn about it.
@@ -188,13 +178,6 @@ def _rows(comm, algorithms, count, dtype, op, passes: list[tuple[dict, dict]], b
                   f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
                   flush=True)
     return rows
-
-
-def _across_ranks(comm, values, op):
-    local = np.array(values, dtype=np.float64)
-    result = np.empty_like(local)
-    comm.Allreduce(local, result, op)
-    return result
 
 
 def _call(comm, name, data, out, op, args):
@@ -238,33 +221,3 @@ def _roundtrip(comm, data, out, op, inplace):
     return roundtrip
 
 
-def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float) -> dict:
-    """Median seconds per call of each of `calls`, the slowest rank's.
-
-    A repetition gives every call a turn: a barrier, then a batch of about
-    `batch_seconds` of back-to-back calls. The order of the turns is shuffled
-    anew for each repetition (alike on every rank), so no call always follows
-    the same other one. `iters` repetitions, or fewer (at least 3) where they
-    would take more than `budget` seconds per call.
-    """
-    for call in calls.values():
-        call()  # the first call of a shape builds its plan: not a measure of the rest
-    comm.Barrier()
-    start = time.perf_counter()
-    for call in calls.values():
-        call()
-    slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
-    batch = max(1, int(batch_seconds / max(slowest_call, 1e-9)))
-    iters = max(3, min(iters, int(budget / (slowest_call * batch))))
-    names = list(calls)
-    times = {name: [] for name in names}
-    for repetition in range(iters):
-        for k in np.random.default_rng(repetition).permutation(len(names)):
-            call = calls[names[k]]
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(batch):
-                call()
-            times[names[k]].append((time.perf_counter() - start) / batch)
-    slowest = _across_ranks(comm, [times[name] for name in names], MPI.MAX)
-    return {name: float(np.median(row)) for name, row in zip(names, slowest)}

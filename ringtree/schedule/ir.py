@@ -1,4 +1,4 @@
-"""The schedule IR: one rank's part of a collective as plain, immutable data.
+"""The schedule IR and its builder: one rank's part of a collective as plain, immutable data.
 
 A schedule lists operations on regions of named buffers. Each op names the
 earlier ops of the same rank it depends on; across ranks, order comes only from
@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from enum import Enum
+from enum import IntEnum
 from typing import NamedTuple
 
 INPUT = "input"
 OUTPUT = "output"
 
 
-class OpKind(Enum):
-    SEND = "send"  # send srcs[0] to peer
-    RECV = "recv"  # receive from peer into dst
-    REDUCE = "reduce"  # dst <- srcs[0] (+) srcs[1], in that operand order
-    COPY = "copy"  # dst <- srcs[0]
+class OpKind(IntEnum):
+    """An op's kind. Integers, so that the engine and the simulator keep kinds in flat arrays; the
+    ones from REDUCE on run on the rank's processor, the others are messages."""
+
+    SEND = 0  # send srcs[0] to peer
+    RECV = 1  # receive from peer into dst
+    REDUCE = 2  # dst <- srcs[0] (+) srcs[1], in that operand order
+    COPY = 3  # dst <- srcs[0]
+
+    def __str__(self) -> str:
+        return self.name.lower()
 
 
 class Ref(NamedTuple):
@@ -226,73 +232,7 @@ def single_rank(algorithm: str, count: int) -> Schedule:
     return b.build()
 
 
-def blocking_steps(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
-    """The ops in their listed order, as steps for a runner that blocks on each.
-
-    A send and a receive listed next to each other, neither depending on the
-    other, form one step (both in flight together, as MPI_Sendrecv); every
-    other op is a step of its own. Every generator lists its ops so that this
-    order cannot deadlock; the verifier checks it.
-    """
-    ops, steps, i = schedule.ops, [], 0
-    while i < len(ops):
-        op = ops[i]
-        following = ops[i + 1] if i + 1 < len(ops) else None
-        if (following is not None and op.peer is not None and following.peer is not None
-                and op.kind is not following.kind and i not in following.deps):
-            steps.append((i, i + 1))
-            i += 2
-        else:
-            steps.append((i,))
-            i += 1
-    return tuple(steps)
-
-
-def in_steps(schedule: Schedule) -> Schedule:
-    """The schedule as the blocking runner runs it: every op of a step (blocking_steps) also waits for
-    every op of the step before, so a simulation of it follows the runner's order."""
-    ops, before = list(schedule.ops), ()
-    for step in blocking_steps(schedule):
-        for i in step:
-            ops[i] = ops[i]._replace(deps=tuple(sorted(set(ops[i].deps) | set(before))))
-        before = step
-    return Schedule(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count, schedule.scratch, tuple(ops))
-
-
 def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
     """Split range(count) into `parts` contiguous (offset, size) chunks differing by at most one."""
     bounds = [i * count // parts for i in range(parts + 1)]
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
-
-
-
-@dataclass(frozen=True, slots=True)
-class Dataflow:
-    """How one rank's ops release each other, for whatever runs a schedule.
-
-    An op may run once its deps have finished and, for a message, once the
-    previous message on its channel (same kind, same peer) has been posted:
-    posting in schedule order per channel is what makes matching by order work.
-    """
-
-    dependents: tuple[tuple[int, ...], ...]  # ops whose deps include this one
-    channel_next: tuple[int, ...]  # the next message on the same channel, or -1
-    initial_pending: tuple[int, ...]  # deps, plus one for an earlier message on the same channel
-
-
-def dataflow(schedule: Schedule) -> Dataflow:
-    n = len(schedule.ops)
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    channel_next = [-1] * n
-    pending = [len(op.deps) for op in schedule.ops]
-    last_on_channel: dict[tuple[OpKind, int], int] = {}
-    for i, op in enumerate(schedule.ops):
-        for d in op.deps:
-            dependents[d].append(i)
-        if op.peer is not None:
-            previous = last_on_channel.get((op.kind, op.peer))
-            if previous is not None:
-                channel_next[previous] = i
-                pending[i] += 1
-            last_on_channel[(op.kind, op.peer)] = i
-    return Dataflow(tuple(map(tuple, dependents)), tuple(channel_next), tuple(pending))

@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 from mpi4py import MPI
 
-from .selector import configure_debug_logging, log
+from .. import settings
+from ..debug import configure_debug_logging, log
 
 MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's mpi.h: the GPU type ids are CUDA 0, ZE 1, HIP 2
 
@@ -30,19 +31,17 @@ class CudaSupport(NamedTuple):
 @functools.cache
 def cuda_support() -> CudaSupport:
     """The answer for this process, found at the first question and logged (RINGTREE_DEBUG=1)."""
-    support = detect(os.environ.get("RINGTREE_CUDA_AWARE"), loaded_mpi_library())
+    support = detect(settings.current().cuda_aware, loaded_mpi_library())
     configure_debug_logging(MPI.COMM_WORLD.Get_rank())
     log.info("MPI is %sCUDA-aware: %s", "" if support.aware else "not ", support.reason)
     return support
 
 
-def detect(setting: str | None, library: str | None) -> CudaSupport:
-    """The answer from RINGTREE_CUDA_AWARE's value `setting` if set, else from the MPI library at
+def detect(setting: bool | None, library: str | None) -> CudaSupport:
+    """The answer from RINGTREE_CUDA_AWARE (`setting`, None where unset), else from the MPI library at
     path `library` (an MPI library loaded in this process)."""
     if setting is not None:
-        if setting not in ("0", "1"):
-            raise ValueError(f"RINGTREE_CUDA_AWARE must be 0 or 1, not {setting!r}")
-        return CudaSupport(setting == "1", f"RINGTREE_CUDA_AWARE={setting}")
+        return CudaSupport(setting, f"RINGTREE_CUDA_AWARE={int(setting)}")
     if library is None:
         return CudaSupport(False, "no MPI library found among this process's mappings")
     mpi = ctypes.CDLL(library)

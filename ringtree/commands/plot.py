@@ -1,20 +1,48 @@
-"""`python -m ringtree plot`: bus bandwidth against message size, per algorithm, from bench --json files."""
+"""`python -m ringtree plot`: bus bandwidth against message size, per algorithm, from bench --json files;
+or, with --timeline, a merged RINGTREE_TIMELINE trace as bars per rank and kind of op."""
 
 from __future__ import annotations
 
-import json
+import argparse
+
+from .arguments import UsageError, json_file
 
 
-def plot(result_files: list[str], output: str) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", type=json_file, metavar="FILE",
+                        help="JSON files written by bench --json (or, with --timeline, one merged trace)")
+    parser.add_argument("-o", "--output", default="busbw.svg", help="image file (.svg or .png)")
+    parser.add_argument("--timeline", action="store_true", help="the input is a merged RINGTREE_TIMELINE trace")
+
+
+def check(args: argparse.Namespace) -> None:
+    if args.timeline:
+        if len(args.results) != 1 or "traceEvents" not in args.results[0]:
+            raise UsageError("--timeline takes one trace merged by `python -m ringtree timeline-merge`")
+        if not any(event.get("ph") == "X" for event in args.results[0]["traceEvents"]):
+            raise UsageError("the trace holds no ops")
+    elif any("rows" not in result for result in args.results):
+        traces = any("traceEvents" in result for result in args.results)
+        raise UsageError("a trace: plot it with --timeline" if traces else
+                         "every file must be one written by `python -m ringtree bench --json`")
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.timeline:
+        plot_timeline(args.results[0], args.output)
+    else:
+        plot(args.results, args.output)
+
+
+def plot(results: list[dict], output: str) -> None:
+    """One panel per bench result: busbw against size, a line per algorithm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(result_files), figsize=(6.5 * len(result_files), 4.5), squeeze=False)
-    for ax, path in zip(axes[0], result_files):
-        with open(path) as f:
-            result = json.load(f)
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.5), squeeze=False)
+    for ax, result in zip(axes[0], results):
         by_algorithm: dict[str, list[dict]] = {}
         for row in result["rows"]:
             by_algorithm.setdefault(row["algorithm"], []).append(row)
@@ -34,7 +62,7 @@ def plot(result_files: list[str], output: str) -> None:
     fig.savefig(output)
 
 
-def plot_timeline(trace_file: str, output: str) -> None:
+def plot_timeline(trace: dict, output: str) -> None:
     """One lane per rank and kind of op (send, recv, reduce, copy), a bar per op, for the last
     collective in a merged trace."""
     import matplotlib
@@ -42,14 +70,13 @@ def plot_timeline(trace_file: str, output: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(trace_file) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     last = max(e["args"]["tag"] for e in events)
     events = [e for e in events if e["args"]["tag"] == last]
     start = min(e["ts"] for e in events)
     kinds = ["send", "recv", "reduce", "copy"]
     colours = dict(zip(kinds, ["tab:blue", "tab:orange", "tab:green", "tab:grey"]))
-    lanes = sorted({(e["pid"], e["name"].split()[0]) for e in events}, key=lambda l: (l[0], kinds.index(l[1])))
+    lanes = sorted({(e["pid"], e["name"].split()[0]) for e in events}, key=lambda lane: (lane[0], kinds.index(lane[1])))
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(lanes) + 1.2))
     for y, (rank, kind) in enumerate(lanes):
         bars = [((e["ts"] - start) / 1000, e["dur"] / 1000) for e in events

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import heapq
 
-from .schedule import INPUT, OUTPUT, Op, Ref, Schedule, ScheduleBuilder, dataflow
+from .ir import INPUT, OUTPUT, Op, Ref, Schedule, ScheduleBuilder
+from .order import dataflow
 
 SLOTS = "slots"
 
@@ -70,15 +71,7 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
                     window: int) -> tuple[list[int], dict[tuple[int, Ref], int]]:
     """A sequential order of the pieces (a topological sort by priority) that runs segment by
     segment where dependencies allow and frees each scratch slot as soon as it can; and the slot
-    each piece's scratch regions are in, keyed by (piece, region).
-
-    A piece that puts new data into scratch waits for a free slot. One slot is kept for the
-    earliest such piece in the original order (op by op, segment by segment), which never depends
-    on a later piece; the others may go to any piece, in priority order. So pieces taken out of
-    order can never hold every slot while the earliest one waits for their readers. A slot is free
-    again once every piece that reads its data has been listed. A reduction into scratch data
-    keeps its slot.
-    """
+    each piece's scratch regions are in, keyed by (piece, region)."""
     b = ScheduleBuilder(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count)
     for name, size in schedule.scratch:
         b.scratch(name, size)
@@ -86,73 +79,99 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
         b.add(piece)
     graph = b.build()
     flow = dataflow(graph)
-
-    def writer_of(j: int, ref: Ref) -> int:
-        for d in graph.ops[j].deps:
-            if pieces[d].dst == ref:
-                return d
-        raise ValueError(f"rank {schedule.rank}: {ref} is read without being written in whole; "
-                         "align the regions")
-
-    readers = [[j for j in flow.dependents[i] if pieces[i].dst in pieces[j].srcs]
-               if pieces[i].dst is not None and _is_scratch(pieces[i].dst) else [] for i in range(len(pieces))]
-    unread: dict[int, int] = {}  # scratch-writing piece -> readers not yet listed
-    slot_of: dict[tuple[int, Ref], int] = {}
-    # The most recently freed slot is taken first, so a receive into it follows the read of its
-    # last contents: one receive at a time per channel, with every send already posted. On a 2-core
-    # VM this ran a 2-rank 64 MiB ring in 22-24 ms against 26-30 ms for taking the least recently
-    # freed slot (receives posted ahead into other slots), three runs each.
-    free_slots = list(range(window - 1, -1, -1))
-    waiting: list[tuple[tuple, int]] = []  # pieces that need a slot while none is free, or not yet theirs
-    # Pieces that need a slot, in the original order; earliest[0] indexes the first not yet given one.
-    needing = [i for i, p in enumerate(pieces) if p.dst is not None and _is_scratch(p.dst) and p.dst not in p.srcs]
-    given: set[int] = set()
-    earliest = 0
-
+    slots = _Slots(schedule.rank, window, pieces, graph, flow)
     pending = list(flow.initial_pending)
     ready = [(priorities[i], i) for i, p in enumerate(pending) if p == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         _, i = heapq.heappop(ready)
-        piece = pieces[i]
-        writes_scratch = piece.dst is not None and _is_scratch(piece.dst)
-        accumulates = writes_scratch and piece.dst in piece.srcs
-        if writes_scratch and not accumulates:
-            if len(free_slots) < (1 if needing[earliest] == i else 2):
-                waiting.append((priorities[i], i))
-                continue
-            given.add(i)
-            while earliest < len(needing) and needing[earliest] in given:
-                earliest += 1
-            for item in waiting:  # the new earliest may be among them
-                heapq.heappush(ready, item)
-            waiting.clear()
+        if not slots.take(i, priorities[i], ready):
+            continue
         order.append(i)
-        for ref in piece.srcs:
-            if _is_scratch(ref):
-                w = writer_of(i, ref)
-                slot_of[(i, ref)] = slot_of[(w, ref)]
-                unread[w] -= 1
-                if unread[w] == 0 and not (accumulates and ref == piece.dst):
-                    free_slots.append(slot_of[(w, ref)])
-                    for item in waiting:
-                        heapq.heappush(ready, item)
-                    waiting.clear()
-        if writes_scratch:
-            slot_of[(i, piece.dst)] = slot_of[(i, piece.dst)] if accumulates else free_slots.pop()
-            unread[i] = len(readers[i])
-            if not readers[i]:
-                free_slots.append(slot_of[(i, piece.dst)])
+        slots.read(i, ready)
         for j in (*flow.dependents[i], flow.channel_next[i]):
             if j >= 0:
                 pending[j] -= 1
                 if pending[j] == 0:
                     heapq.heappush(ready, (priorities[j], j))
-    if waiting:
+    if slots.waiting:
         raise ValueError(f"rank {schedule.rank}: a window of {window} scratch slots is too small for "
                          f"this schedule; use a larger window")
-    return order, slot_of
+    return order, slots.slot_of
+
+
+class _Slots:
+    """Which scratch slot holds which piece's data, while _pipeline_order lists the pieces.
+
+    A piece that puts new data into scratch waits for a free slot. One slot is kept for the
+    earliest such piece in the original order (op by op, segment by segment), which never depends
+    on a later piece; the others may go to any piece, in priority order. So pieces taken out of
+    order can never hold every slot while the earliest one waits for their readers. A slot is free
+    again once every piece that reads its data has been listed. A reduction into scratch data
+    keeps its slot. The most recently freed slot is taken first, so that a receive into it follows
+    the read of its last contents (docs/design.md, "Pipelining").
+    """
+
+    def __init__(self, rank: int, window: int, pieces: list[Op], graph: Schedule, flow) -> None:
+        self.rank, self.pieces, self.graph = rank, pieces, graph
+        self.readers = [[j for j in flow.dependents[i] if piece.dst in pieces[j].srcs]
+                        if piece.dst is not None and _is_scratch(piece.dst) else [] for i, piece in enumerate(pieces)]
+        self.unread: dict[int, int] = {}  # scratch-writing piece -> readers not yet listed
+        self.slot_of: dict[tuple[int, Ref], int] = {}
+        self.free = list(range(window - 1, -1, -1))
+        self.waiting: list[tuple[tuple, int]] = []  # pieces that need a slot while none is theirs
+        # Pieces that need a slot, in the original order; needing[earliest] is the first not yet given one.
+        self.needing = [i for i, p in enumerate(pieces)
+                        if p.dst is not None and _is_scratch(p.dst) and p.dst not in p.srcs]
+        self.given: set[int] = set()
+        self.earliest = 0
+
+    def take(self, i: int, priority: tuple, ready: list) -> bool:
+        """Give piece i a slot if it writes new data into scratch and may have one now; False (and
+        piece i waits) if it may not."""
+        piece = self.pieces[i]
+        if piece.dst is None or not _is_scratch(piece.dst) or piece.dst in piece.srcs:
+            return True
+        if len(self.free) < (1 if self.needing[self.earliest] == i else 2):
+            self.waiting.append((priority, i))
+            return False
+        self.given.add(i)
+        while self.earliest < len(self.needing) and self.needing[self.earliest] in self.given:
+            self.earliest += 1
+        self._wake(ready)  # the new earliest may be among them
+        return True
+
+    def read(self, i: int, ready: list) -> None:
+        """Piece i is listed: place its scratch regions, and free the slots whose data it read last."""
+        piece = self.pieces[i]
+        writes_scratch = piece.dst is not None and _is_scratch(piece.dst)
+        accumulates = writes_scratch and piece.dst in piece.srcs
+        for ref in piece.srcs:
+            if _is_scratch(ref):
+                w = self._writer_of(i, ref)
+                self.slot_of[(i, ref)] = self.slot_of[(w, ref)]
+                self.unread[w] -= 1
+                if self.unread[w] == 0 and not (accumulates and ref == piece.dst):
+                    self.free.append(self.slot_of[(w, ref)])
+                    self._wake(ready)
+        if writes_scratch:
+            if not accumulates:
+                self.slot_of[(i, piece.dst)] = self.free.pop()
+            self.unread[i] = len(self.readers[i])
+            if not self.readers[i]:
+                self.free.append(self.slot_of[(i, piece.dst)])
+
+    def _wake(self, ready: list) -> None:
+        for item in self.waiting:
+            heapq.heappush(ready, item)
+        self.waiting.clear()
+
+    def _writer_of(self, j: int, ref: Ref) -> int:
+        for d in self.graph.ops[j].deps:
+            if self.pieces[d].dst == ref:
+                return d
+        raise ValueError(f"rank {self.rank}: {ref} is read without being written in whole; align the regions")
 
 
 def _is_scratch(ref: Ref) -> bool:

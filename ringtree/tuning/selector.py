@@ -27,37 +27,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 from importlib import resources
 from typing import NamedTuple
 
-from .algorithms import ALGORITHMS
+from .. import settings
+from ..algorithms import ALGORITHMS
+from ..debug import log
 from .model import Params, predict
 
-log = logging.getLogger("ringtree")
+__all__ = ["Choice", "TuningTable", "select", "runs_stepwise", "use_table", "table", "identity", "log_choice",
+           "STEPWISE_MAX_BYTES", "SEGMENT_BYTES", "WINDOW", "FALLBACK_MODEL", "FORMAT"]
 
-# Up to these sizes a blocking call of an unsegmented schedule runs it step by step
-# (engine.run_blocking: MPI_Sendrecv and friends), which costs less than the progress engine's
-# nonblocking calls and polling. An algorithm that exchanges with one partner at a time leaves the
-# engine nothing to overlap: step by step measured faster up to 2 MiB (2-core VM, 2 and 4 ranks,
-# 20-40 % at 128 KiB-1 MiB). A tree sends to several ranks at once, which step by step serializes:
-# faster up to 256 KiB, slower from 1 MiB. Other algorithms take the trees' limit.
-BLOCKING_MAX_BYTES = {"ring": 2 << 20, "recursive_doubling": 2 << 20, "rabenseifner": 2 << 20}
-BLOCKING_MAX_BYTES_OTHERWISE = 256 << 10
-# A staged CuPy call (MPI not CUDA-aware) up to this size copies its whole input to pinned host
-# memory, reduces it there as a numpy call would, and copies the result back: two copies in all,
-# where the per-message staging takes two per message and a kernel per reduction. Measured on one
-# H200 shared by 2 ranks (MPICH wheel, 16 host cores), as busbw against copy + MPI_Allreduce + copy:
-# whole copy 1.3-2.0x from 256 KiB to 16 MiB, per message 0.4-1.7x; at 32 MiB 2.8x against 3.1-3.4x.
-# RINGTREE_GPU_HOST_MAX (bytes) overrides it.
-GPU_HOST_MAX_BYTES = 16 << 20
+# Up to these sizes a blocking call of an unsegmented schedule takes the stepwise path
+# (runtime/stepwise.py); trees send to several ranks at once, which a step at a time serialises,
+# so they and the rest stop earlier (docs/algorithms.md, "The stepwise path").
+STEPWISE_MAX_BYTES = {"ring": 2 << 20, "recursive_doubling": 2 << 20, "rabenseifner": 2 << 20}
+STEPWISE_MAX_BYTES_OTHERWISE = 256 << 10
 # Segment size when neither the table nor the caller gives one: pipelining pays
 # once a message is several segments long.
 SEGMENT_BYTES = 4 << 20
 # Segments in flight into scratch per collective: scratch is segment × WINDOW.
 WINDOW = 4
-# α, β, γ for rank counts with no fitted model: fitted on a 2-core VM, 2 ranks.
+# α, β, γ for rank counts with no fitted model (docs/algorithms.md says where they were fitted).
 FALLBACK_MODEL = Params(alpha=1.2e-5, beta=2.5e-10, gamma=2.5e-10)
 FORMAT = "ringtree-tuning-1"
 
@@ -65,7 +57,7 @@ FORMAT = "ringtree-tuning-1"
 class Choice(NamedTuple):
     algorithm: str
     segment: int  # bytes per segment; 0: messages are not split
-    blocking: bool  # a blocking call may run the schedule step by step (the lean path): takes_lean_path()
+    stepwise: bool  # a blocking call may take the stepwise path: runs_stepwise()
     source: str  # why: "call", "RINGTREE_ALGORITHM", "table <file> rule <i>" or "model"
 
 
@@ -87,7 +79,7 @@ class TuningTable:
         self.digest = hashlib.sha256(canonical).hexdigest()[:16]
 
     @classmethod
-    def load(cls, path: str) -> "TuningTable":
+    def load(cls, path: str) -> TuningTable:
         with open(path) as f:
             return cls(json.load(f), os.path.basename(path))
 
@@ -119,10 +111,13 @@ def _nearest(by_ranks: dict, nranks: int) -> int:
 
 
 def default_table() -> TuningTable:
-    path = os.environ.get("RINGTREE_TUNING_FILE")
+    path = settings.current().tuning_file
     if path:
-        return TuningTable.load(path)
-    text = resources.files("ringtree").joinpath("tuning/default.json").read_text()
+        try:
+            return TuningTable.load(path)
+        except OSError as error:
+            raise settings.SettingError(f"RINGTREE_TUNING_FILE={path!r}: {error.strerror}") from None
+    text = resources.files(__package__).joinpath("default.json").read_text()
     return TuningTable(json.loads(text), "ringtree/tuning/default.json")
 
 
@@ -143,30 +138,9 @@ def use_table(new: TuningTable | None) -> None:
     _table = new
 
 
-def forced_algorithm() -> str | None:
-    name = os.environ.get("RINGTREE_ALGORITHM") or None
-    if name is not None and name not in ALGORITHMS:
-        raise ValueError(f"RINGTREE_ALGORITHM={name!r} is not an algorithm; use one of {sorted(ALGORITHMS)}")
-    return name
-
-
-def gpu_host_max_bytes() -> int:
-    """Up to how many bytes a staged CuPy call reduces a host copy of its data (GPU_HOST_MAX_BYTES)."""
-    text = os.environ.get("RINGTREE_GPU_HOST_MAX", "")
-    if not text:
-        return GPU_HOST_MAX_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"RINGTREE_GPU_HOST_MAX={text!r} is not a number of bytes (0 or more)")
-    return value
-
-
 def identity() -> str:
     """What every rank's choices depend on besides the call: the table and RINGTREE_ALGORITHM."""
-    return f"table {table().origin} ({table().digest}), RINGTREE_ALGORITHM={forced_algorithm() or 'unset'}"
+    return f"table {table().origin} ({table().digest}), RINGTREE_ALGORITHM={settings.current().algorithm or 'unset'}"
 
 
 def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = None,
@@ -174,7 +148,7 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
     """The algorithm and segment size for an allreduce of `nbytes` on `nranks` ranks."""
     source = "call"
     if algorithm == "auto":
-        algorithm = forced_algorithm()
+        algorithm = settings.current().algorithm
         source = "RINGTREE_ALGORITHM"
     if algorithm is None:
         found = table().match(nbytes, nranks, dtype, op)
@@ -191,13 +165,13 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
     if segment is None:
         segment = table().segment(nranks, algorithm)
     segment = segment if nbytes > segment else 0
-    return Choice(algorithm, segment, takes_lean_path(algorithm, nbytes, segment), source)
+    return Choice(algorithm, segment, runs_stepwise(algorithm, nbytes, segment), source)
 
 
-def takes_lean_path(algorithm: str, nbytes: int, segment: int) -> bool:
-    """Whether a blocking call runs the schedule a step at a time (engine.run_blocking, the lean
-    path): messages not split, and no larger than the algorithm's limit."""
-    return not segment and nbytes <= BLOCKING_MAX_BYTES.get(algorithm, BLOCKING_MAX_BYTES_OTHERWISE)
+def runs_stepwise(algorithm: str, nbytes: int, segment: int) -> bool:
+    """Whether a blocking call takes the stepwise path (runtime/stepwise.py): messages not split, and
+    no larger than the algorithm's limit."""
+    return not segment and nbytes <= STEPWISE_MAX_BYTES.get(algorithm, STEPWISE_MAX_BYTES_OTHERWISE)
 
 
 _logged: set = set()
@@ -211,12 +185,3 @@ def log_choice(choice: Choice, nbytes: int, nranks: int, dtype, op) -> None:
     _logged.add(key)
     log.info("allreduce %d B %s %s on %d ranks: %s, segment %s, from %s", nbytes, dtype, op, nranks,
              choice.algorithm, f"{choice.segment} B" if choice.segment else "none", choice.source)
-
-
-def configure_debug_logging(rank: int) -> None:
-    """RINGTREE_DEBUG=1: rank 0 logs ringtree's choices to stderr."""
-    if os.environ.get("RINGTREE_DEBUG", "0") not in ("", "0") and rank == 0 and not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("ringtree: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)

@@ -7,7 +7,7 @@ every buffer holds a vector of counts: how many times each rank's input has
 been added into it. Ranks run together, with sends that complete only once
 their receive is posted, so a schedule that could deadlock is caught. They run
 twice: as the engine runs them (any op whose dependencies are met), and as the
-blocking runner does (one step at a time, in listed order). Each time, every
+stepwise path does (one step at a time, in listed order). Each time, every
 rank's output must end up holding every rank's input exactly once, in every
 element.
 """
@@ -15,30 +15,33 @@ element.
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from .algorithms import ALGORITHMS
-from .schedule import INPUT, OUTPUT, OpKind, Schedule, blocking_steps, dataflow
+from ..schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow, steps
+from ..schedule.lower import Shape, lower
 
 
 class ScheduleError(AssertionError):
     """A schedule that does not compute an allreduce, or could hang."""
 
 
-def allreduce_schedules(algorithm: str, nranks: int, count: int) -> list[Schedule]:
-    generate = ALGORITHMS[algorithm]
-    return [generate(nranks, rank, count) for rank in range(nranks)]
+def allreduce_schedules(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
+                        staged: bool = False) -> list[Schedule]:
+    """Every rank's schedule, as lower() gives it to the engine (segment in elements)."""
+    return [lower(Shape(algorithm, nranks, rank, count, segment, window, staged)).schedule for rank in range(nranks)]
 
 
-def verify(algorithm: str, nranks: int, count: int) -> None:
-    verify_schedules(allreduce_schedules(algorithm, nranks, count))
+def verify(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4, staged: bool = False) -> None:
+    """Raise ScheduleError unless every rank's program for this shape computes an allreduce without
+    deadlock, as the engine runs it and, unsegmented, as the stepwise path does."""
+    verify_schedules(allreduce_schedules(algorithm, nranks, count, segment, window, staged), stepwise=not segment)
 
 
-def verify_schedules(schedules: Sequence[Schedule], *, blocking: bool = True) -> None:
+def verify_schedules(schedules: Sequence[Schedule], *, stepwise: bool = True) -> None:
     """Raise ScheduleError unless the schedules compute an allreduce without deadlock: as the engine
-    runs them and, with `blocking`, as the blocking runner does (which only takes unsegmented ones)."""
+    runs them and, with `stepwise`, as the stepwise path does (which only takes unsegmented ones)."""
     nranks = len(schedules)
     for r, s in enumerate(schedules):
         if (s.rank, s.nranks) != (r, nranks):
@@ -46,8 +49,8 @@ def verify_schedules(schedules: Sequence[Schedule], *, blocking: bool = True) ->
         _check_deps(s)
         _check_races(s)
     _run_as_engine(schedules)
-    if blocking:
-        _run_blocking(schedules)
+    if stepwise:
+        _run_stepwise(schedules)
 
 
 def _run_as_engine(schedules: Sequence[Schedule]) -> None:
@@ -70,11 +73,11 @@ def _run_as_engine(schedules: Sequence[Schedule]) -> None:
         rank.check_result()
 
 
-def _run_blocking(schedules: Sequence[Schedule]) -> None:
-    """Run each rank's blocking steps in order; a step's messages complete once matched."""
+def _run_stepwise(schedules: Sequence[Schedule]) -> None:
+    """Run each rank's steps in order; a step's messages complete once matched."""
     nranks = len(schedules)
     ranks = [_SymbolicRank(s, nranks) for s in schedules]
-    steps = [blocking_steps(s) for s in schedules]
+    rank_steps = [steps(s) for s in schedules]
     at = [0] * nranks  # each rank's current step
     posted_at = [-1] * nranks  # the step whose messages a rank has posted
     channels = _Channels(ranks)
@@ -83,8 +86,8 @@ def _run_blocking(schedules: Sequence[Schedule]) -> None:
         progressed = False
         for rank in ranks:
             r, ops = rank.rank, rank.schedule.ops
-            while at[r] < len(steps[r]):
-                step = steps[r][at[r]]
+            while at[r] < len(rank_steps[r]):
+                step = rank_steps[r][at[r]]
                 if ops[step[0]].peer is None:
                     rank.compute(step[0])
                 elif posted_at[r] != at[r]:
@@ -98,8 +101,8 @@ def _run_blocking(schedules: Sequence[Schedule]) -> None:
                 progressed = True
         progressed |= channels.deliver()
 
-    stuck = [f"rank {r} step {at[r]} ({' and '.join(str(schedules[r].ops[i]) for i in steps[r][at[r]])})"
-             for r in range(nranks) if at[r] < len(steps[r])]
+    stuck = [f"rank {r} step {at[r]} ({' and '.join(str(schedules[r].ops[i]) for i in rank_steps[r][at[r]])})"
+             for r in range(nranks) if at[r] < len(rank_steps[r])]
     if stuck:
         raise ScheduleError("deadlock when run step by step: these ranks wait forever: " + "; ".join(stuck[:8]))
     for rank in ranks:
@@ -148,11 +151,11 @@ class _Channels:
     """Messages posted and not yet matched, per (kind, sender, receiver): the k-th send from a to b
     matches the k-th receive at b from a, as MPI's non-overtaking rule makes it."""
 
-    def __init__(self, ranks: list["_SymbolicRank"]) -> None:
+    def __init__(self, ranks: list[_SymbolicRank]) -> None:
         self.ranks = ranks
         self.posted: dict[tuple[OpKind, int, int], deque[int]] = {}
 
-    def post(self, rank: "_SymbolicRank", i: int) -> None:
+    def post(self, rank: _SymbolicRank, i: int) -> None:
         op = rank.schedule.ops[i]
         sender, receiver = (rank.rank, op.peer) if op.kind is OpKind.SEND else (op.peer, rank.rank)
         self.posted.setdefault((op.kind, sender, receiver), deque()).append(i)
@@ -168,7 +171,7 @@ class _Channels:
         return delivered
 
 
-def _deliver(sender: "_SymbolicRank", si: int, receiver: "_SymbolicRank", ri: int) -> None:
+def _deliver(sender: _SymbolicRank, si: int, receiver: _SymbolicRank, ri: int) -> None:
     send, recv = sender.schedule.ops[si], receiver.schedule.ops[ri]
     if send.src.count != recv.dst.count:
         raise ScheduleError(

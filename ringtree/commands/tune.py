@@ -29,12 +29,12 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import ALGORITHMS
-from .allreduce import allreduce
-from .bench import exact_inputs, in_pass_order, time_in_turns
-from .cli import at_least, format_size, parse_size, size_list, sizes_from_args
-from .model import fit
-from .selector import FORMAT, SEGMENT_BYTES
+from ..algorithms import ALGORITHMS
+from ..allreduce import allreduce
+from ..tuning.model import fit
+from ..tuning.selector import FORMAT, SEGMENT_BYTES
+from .arguments import at_least, comma_list, format_size, parse_size, positive, size_list, sizes_from_args
+from .measure import exact_inputs, in_pass_order, time_in_turns
 
 SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
 # A size whose winner differs from both its neighbours' (the same one) takes theirs where that is
@@ -48,13 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-b", "--minbytes", type=at_least(1, parse_size), default=parse_size("8"), help="smallest size")
     parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated algorithms to try")
+    parser.add_argument("--algorithms", type=comma_list(list(ALGORITHMS)), default=",".join(ALGORITHMS),
+                        help="comma-separated algorithms to try")
     parser.add_argument("--segments", type=size_list, default=",".join(f"{s >> 20}M" for s in SEGMENTS),
                         help="segment sizes to try where a message is larger")
     parser.add_argument("--passes", type=at_least(1), default=2, help="times over the whole grid, averaged")
     parser.add_argument("--iters", type=at_least(1), default=15, help="timed repetitions per size (fewer for big sizes)")
-    parser.add_argument("--batch", type=float, default=0.01, help="seconds of back-to-back calls per repetition")
-    parser.add_argument("--budget", type=float, default=0.5,
+    parser.add_argument("--batch", type=positive, default=0.01, help="seconds of back-to-back calls per repetition")
+    parser.add_argument("--budget", type=positive, default=0.5,
                         help="seconds per size and case, at most, once warm; lowers --iters for big sizes")
     parser.add_argument("-o", "--output", default="ringtree-tuning.json",
                         help="table file to write; rules for other rank counts already in it are kept")
@@ -74,10 +75,7 @@ def candidates(nbytes: int, algorithms: list[str], segments: list[int]) -> list[
 def run(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     rank, nranks = comm.Get_rank(), comm.Get_size()
-    algorithms = args.algorithms.split(",")
-    unknown = set(algorithms) - set(ALGORITHMS)
-    if unknown:
-        raise SystemExit(f"unknown algorithms: {', '.join(sorted(unknown))}")
+    algorithms = args.algorithms
     sizes = sizes_from_args(args)
     table = _table_to_merge(comm, args.output) if args.merge else None
     kept_segments = table["segments"][str(nranks)] if args.merge else None

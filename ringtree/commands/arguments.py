@@ -1,0 +1,128 @@
+"""The commands' arguments, parsed and checked alike: sizes, counts, dtypes, files; and UsageError.
+
+A bad argument is refused while parsing (an argparse type raising
+ArgumentTypeError) or by a command raising UsageError before it does
+anything; either way `python -m ringtree` prints the usage and the reason and
+exits with status 2, on every rank alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+class UsageError(Exception):
+    """A command's arguments do not go together; main() prints it with the command's usage."""
+
+
+def parse_size(text: str) -> int:
+    """8, 4K, 1MiB, 1.5G: bytes."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def at_least(minimum: int, parse=int):
+    """An argparse type: text that `parse` turns into a number of at least `minimum`. Checked while
+    parsing, so every rank refuses a bad count before anything runs."""
+    def checked(text: str) -> int:
+        value = parse(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {text}")
+        return value
+    checked.__name__ = "size" if parse is parse_size else parse.__name__  # argparse's "invalid size value"
+    return checked
+
+
+def positive(text: str) -> float:
+    """An argparse type: a number above 0 (seconds, say)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+    return value
+
+
+def size_list(text: str) -> list[int]:
+    """An argparse type: comma-separated sizes, each at least 1 byte."""
+    try:
+        return [at_least(1, parse_size)(word) for word in text.split(",") if word]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of sizes like 1M,4M: {text}") from None
+
+
+def sizes_from_args(args: argparse.Namespace) -> list[int]:
+    """The grid of --minbytes, --maxbytes and --stepfactor; UsageError if it is empty."""
+    if args.minbytes > args.maxbytes:
+        raise UsageError(f"no sizes: --minbytes {args.minbytes} is above --maxbytes {args.maxbytes}")
+    return size_grid(args.minbytes, args.maxbytes, args.stepfactor)
+
+
+def format_size(nbytes: int) -> str:
+    """8 B, 4 KiB, 256 MiB: the largest binary unit that divides the size."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def size_grid(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """minbytes, minbytes·factor, ... up to maxbytes."""
+    sizes = []
+    while minbytes <= maxbytes:
+        sizes.append(minbytes)
+        minbytes *= factor
+    return sizes
+
+
+def dtype(text: str) -> np.dtype:
+    """An argparse type: the name of a numpy dtype ringtree reduces (bool, integers, floats, complex)."""
+    try:
+        found = np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"not a numpy dtype: {text!r}") from None
+    if found.kind not in "biufc":
+        raise argparse.ArgumentTypeError(f"ringtree reduces bool and numeric dtypes, not {text!r}")
+    return found
+
+
+def one_of(choices, what: str = "algorithm"):
+    """An argparse type: one name among `choices`."""
+    def checked(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; choose from {', '.join(choices)}")
+        return text
+    checked.__name__ = what
+    return checked
+
+
+def comma_list(choices, what: str = "algorithm"):
+    """An argparse type: comma-separated names among `choices`, at least one."""
+    single = one_of(choices, what)
+
+    def checked(text: str) -> list[str]:
+        names = [single(word) for word in text.split(",") if word]
+        if not names:
+            raise argparse.ArgumentTypeError(f"no {what}s in {text!r}")
+        return names
+    checked.__name__ = f"{what} list"
+    return checked
+
+
+def json_file(text: str) -> dict:
+    """An argparse type: a file holding a JSON object, read."""
+    try:
+        with open(text) as f:
+            data = json.load(f)
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {error.strerror}") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text} is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"{text} holds no JSON object")
+    return data

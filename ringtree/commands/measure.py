@@ -1,0 +1,68 @@
+"""Measuring on this machine, as bench, tune and calibrate do it: inputs checked exactly, timing in turns."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ..ops import MPI_OP, ReduceOp
+
+__all__ = ["in_pass_order", "exact_inputs", "time_in_turns", "across_ranks"]
+
+
+def in_pass_order(sizes: list, k: int) -> list:
+    """The sizes in the order pass k times them: every other pass from the largest down, so that no
+    size is always timed at the same moment of a run."""
+    return sizes if k % 2 == 0 else sizes[::-1]
+
+
+def exact_inputs(comm, count: int, dtype, op: ReduceOp = ReduceOp.SUM) -> tuple[np.ndarray, np.ndarray]:
+    """(this rank's input, the native MPI result): small integers, which every order of summation
+    adds to the same bits, so any algorithm's result can be checked exactly."""
+    data = (np.arange(count) % 7 + comm.Get_rank() % 3 + 1).astype(dtype)
+    expected = np.empty_like(data)
+    comm.Allreduce(data, expected, MPI_OP[op])
+    if op is ReduceOp.AVG:
+        expected /= comm.Get_size()
+    return data, expected
+
+
+def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float) -> dict:
+    """Median seconds per call of each of `calls`, the slowest rank's.
+
+    A repetition gives every call a turn: a barrier, then a batch of about
+    `batch_seconds` of back-to-back calls. The order of the turns is shuffled
+    anew for each repetition (alike on every rank), so no call always follows
+    the same other one. `iters` repetitions, or fewer (at least 3) where they
+    would take more than `budget` seconds per call.
+    """
+    for call in calls.values():
+        call()  # the first call of a shape builds its plan: not a measure of the rest
+    comm.Barrier()
+    start = time.perf_counter()
+    for call in calls.values():
+        call()
+    slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
+    batch = max(1, int(batch_seconds / max(slowest_call, 1e-9)))
+    iters = max(3, min(iters, int(budget / (slowest_call * batch))))
+    names = list(calls)
+    times = {name: [] for name in names}
+    for repetition in range(iters):
+        for k in np.random.default_rng(repetition).permutation(len(names)):
+            call = calls[names[k]]
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                call()
+            times[names[k]].append((time.perf_counter() - start) / batch)
+    slowest = across_ranks(comm, [times[name] for name in names], MPI.MAX)
+    return {name: float(np.median(row)) for name, row in zip(names, slowest)}
+
+
+def across_ranks(comm, values, op):
+    local = np.array(values, dtype=np.float64)
+    result = np.empty_like(local)
+    comm.Allreduce(local, result, op)
+    return result

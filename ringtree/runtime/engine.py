@@ -1,0 +1,257 @@
+"""The progress engine: runs one rank's schedule on real buffers with nonblocking MPI.
+
+Each op waits for a count of unfinished dependencies. An op whose count reaches
+zero is issued: sends and receives are posted as Isend/Irecv at once, and
+reductions and copies run after every message that is ready has been posted,
+so transfers are already under way while the array library computes. Messages
+to (and from) the same peer are posted in schedule order, which is what lets
+the schedule rely on MPI's non-overtaking rule. All collectives in flight share
+one list of requests, so waiting on any of them progresses every one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+from mpi4py import MPI
+
+from ..errors import PeerFailure
+from ..schedule import OpKind
+from . import reliability, timeline
+from .compiled import CompiledSchedule
+from .failures import PEER_FAILED, error_classes, translated, wrong_size
+
+__all__ = ["Execution", "InFlight", "IN_FLIGHT"]
+
+BYTE = MPI.BYTE
+SEND, RECV = OpKind.SEND, OpKind.RECV
+
+
+class Execution:
+    """One rank's run of one collective."""
+
+    __slots__ = ("compiled", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
+                 "finish", "timeout", "pending", "remaining", "done", "computes")
+
+    def __init__(self, compiled: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
+                 state, finish, timeout: float | None = None, asynchronous: bool = False) -> None:
+        """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `inplace`: input and
+        output are the same memory; `state`: the communicator's CommState. Messages go as bytes:
+        [region, MPI.BYTE]. `timeout`: seconds without progress before a wait raises TimeoutError.
+        `asynchronous`: `reduce` and `copy` may return, instead of None, something whose `done` turns
+        true once the work they queued has finished (a CUDA event); the ops that depend on it wait
+        until then."""
+        self.compiled = compiled
+        self.actions = compiled.in_place_actions if inplace else compiled.actions
+        self.buffers = buffers
+        self.reduce = reduce
+        self.copy = copy
+        self.asynchronous = asynchronous
+        self.state = state
+        self.comm = state.comm
+        self.seq = state.calls
+        self.tag = state.next_tag()
+        self.finish = finish
+        self.timeout = timeout
+        self.pending = list(compiled.initial_pending)
+        self.remaining = len(compiled.initial_pending)
+        self.done = False
+        self.computes: deque[int] = deque()
+        self._run(list(compiled.first_ready))
+        if self.remaining == 0:
+            self._complete()
+
+    def _run(self, ready: list[int]) -> None:
+        """Post every ready message; then compute one ready op, and repeat."""
+        actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending
+        channel_next = self.compiled.channel_next
+        tracing = timeline.ACTIVE
+        while True:
+            while ready:
+                i = ready.pop()
+                action = actions[i]
+                kind = action[0] if action is not None else None
+                if kind is SEND:
+                    request = self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag)
+                elif kind is RECV:
+                    request = self.comm.Irecv([buffers[action[2]][action[3]], BYTE], action[1], self.tag)
+                else:
+                    computes.append(i)
+                    continue
+                if tracing:
+                    timeline.posted(self, i)
+                IN_FLIGHT.add(request, self, i)
+                following = channel_next[i]
+                if following >= 0:
+                    pending[following] -= 1
+                    if pending[following] == 0:
+                        ready.append(following)
+            if not computes:
+                return
+            i = computes.popleft()
+            action = actions[i]
+            start = timeline.now() if tracing else 0
+            if action is None:
+                queued = None  # in place: the input already is the output
+            elif action[0] is OpKind.REDUCE:
+                (d, ds), (a, as_), (b, bs) = action[1:]
+                queued = self.reduce(buffers[a][as_], buffers[b][bs], buffers[d][ds])
+            else:
+                (d, ds), (s, ss) = action[1:]
+                queued = self.copy(buffers[d][ds], buffers[s][ss])
+            if tracing:
+                timeline.computed(self, i, start)
+            if self.asynchronous and queued is not None:
+                IN_FLIGHT.add_queued(queued, self, i)
+            else:
+                self._finished(i, ready)
+
+    def _finished(self, i: int, ready: list[int]) -> None:
+        self.remaining -= 1
+        pending = self.pending
+        for d in self.compiled.dependents[i]:
+            pending[d] -= 1
+            if pending[d] == 0:
+                ready.append(d)
+
+    def op_done(self, i: int) -> None:
+        """A message, or a queued reduction or copy, has completed."""
+        if timeline.ACTIVE and self.actions[i][0] < OpKind.REDUCE:
+            timeline.completed(self, i)
+        ready: list[int] = []
+        self._finished(i, ready)
+        if ready or self.computes:
+            self._run(ready)
+        if self.remaining == 0:
+            self._complete()
+
+    def _complete(self) -> None:
+        self.done = True
+        self.finish()
+
+
+class InFlight:
+    """Every request in flight in this process, with the op it belongs to: any wait progresses all."""
+
+    def __init__(self) -> None:
+        self.requests: list[MPI.Request] = []
+        self.owners: list[tuple[Execution, int]] = []
+        self.statuses: list[MPI.Status] = []  # Testsome fills them: the size of each message received
+        self.queued: list[tuple[object, Execution, int]] = []  # reductions and copies still running
+
+    def add(self, request: MPI.Request, execution: Execution, op: int) -> None:
+        self.requests.append(request)
+        self.owners.append((execution, op))
+
+    def add_queued(self, work, execution: Execution, op: int) -> None:
+        self.queued.append((work, execution, op))
+
+    def poll(self) -> bool:
+        """Handle the requests and queued work that completed, if any; say whether any had."""
+        finished_work = self.queued and self._poll_queued()
+        if not self.requests:
+            return bool(finished_work)
+        try:
+            finished = MPI.Request.Testsome(self.requests, self.statuses)
+        except MPI.Exception as error:
+            classes = error_classes(error, self.statuses[:len(self.requests)])
+            failing = next((i for i, c in enumerate(classes) if c == MPI.ERR_TRUNCATE or c in PEER_FAILED), 0)
+            execution = self.owners[failing][0] if failing < len(self.owners) else self.owners[0][0]
+            ours = translated(classes, execution.comm)
+            if ours is None:
+                raise
+            raise self.abandon(execution, ours) from None
+        if not finished:
+            return bool(finished_work)
+        owners = self.owners
+        done = [owners[i] for i in finished]
+        for (execution, op), status in zip(done, self.statuses):
+            action = execution.actions[op]
+            if action[0] is RECV:
+                expected = (action[3].stop - action[3].start) * execution.buffers[action[2]].itemsize
+                if status.Get_count(BYTE) != expected:
+                    raise self.abandon(execution, wrong_size(execution.comm, action[1], status.Get_count(BYTE), expected))
+        if len(finished) == len(owners):
+            self.requests, self.owners = [], []
+        else:
+            for i in sorted(finished, reverse=True):
+                del self.requests[i], owners[i]
+        for execution, op in done:
+            execution.op_done(op)
+        return True
+
+    def _poll_queued(self) -> bool:
+        done, running = [], []
+        for entry in self.queued:
+            (done if entry[0].done else running).append(entry)
+        if done:
+            self.queued = running
+            for _, execution, op in done:
+                execution.op_done(op)
+        return bool(done)
+
+    def abandon(self, execution: Execution, error: Exception) -> Exception:
+        """Give up on `execution`: cancel its receives (and its sends, when a peer failed: else MPI
+        would wait for them at exit), and mark its communicator unusable with `error`, which is
+        returned to raise."""
+        for request, (owner, op) in zip(self.requests, self.owners):
+            if owner is not execution or request == MPI.REQUEST_NULL:
+                continue
+            try:
+                if execution.actions[op][0] is RECV or isinstance(error, PeerFailure):
+                    request.Cancel()
+                    request.Wait()  # on a revoked communicator this returns (with an error) at once
+                else:
+                    request.Free()  # a send a live peer may still take: MPI drops it at exit
+            except MPI.Exception:
+                pass  # a peer failed, or the communicator is revoked: nothing more to undo
+        keep = [k for k, (owner, _) in enumerate(self.owners) if owner is not execution]
+        self.requests = [self.requests[k] for k in keep]
+        self.owners = [self.owners[k] for k in keep]
+        self.queued = [entry for entry in self.queued if entry[1] is not execution]
+        execution.state.broken = error
+        return error
+
+    def wait(self, execution: Execution) -> None:
+        """Progress every collective in flight until `execution` is done. With its timeout, raise
+        TimeoutError once no message completes for that long, and meanwhile answer other ranks'
+        questions about who is still here."""
+        timeout = execution.timeout
+        idle = 0
+        last_progress = next_answer = time.perf_counter()
+        while not execution.done:
+            if not self.requests and not self.queued:
+                raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
+            if self.poll():
+                idle = 0
+                if timeout is not None:
+                    last_progress = time.perf_counter()
+                continue
+            if timeout is not None:
+                now = time.perf_counter()
+                if now >= next_answer:
+                    reliability.answer_questions(execution.state, execution.seq)
+                    next_answer = now + reliability.ANSWER_EVERY_SECONDS
+                if now - last_progress > timeout:
+                    waiting = sorted(op for owner, op in self.owners if owner is execution)
+                    raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
+            # Nothing arrived: after a few empty polls, let a process that shares this core run
+            # (the peer we wait for, when ranks outnumber cores); with a core to itself, this returns at once.
+            idle += 1
+            if idle >= SPINS_BEFORE_SLEEP:
+                time.sleep(SLEEP_SECONDS)
+            elif idle >= SPINS_BEFORE_YIELD:
+                os.sched_yield()
+
+
+# Empty polls before yielding the core: long enough not to slow a dedicated core's fast path.
+SPINS_BEFORE_YIELD = 20
+# Empty polls (a few milliseconds) before sleeping between polls: a rank with nothing to do for that
+# long gives its core to the ranks that have work, at the price of at most one sleep of latency.
+SPINS_BEFORE_SLEEP = 2000
+SLEEP_SECONDS = 50e-6
+
+
+IN_FLIGHT = InFlight()

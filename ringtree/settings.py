@@ -1,0 +1,131 @@
+"""Every RINGTREE_* environment variable, read here and nowhere else: once, at first use.
+
+    from ringtree import settings
+    settings.current().timeout      # RINGTREE_TIMEOUT, parsed: seconds or None
+
+Nothing is read at import. The first ringtree call that needs a setting reads
+all of them; a bad value raises SettingError (a ValueError) naming the
+variable, its value and the values it takes. `reload()` reads the environment
+again. An empty variable counts as unset. docs/configuration.md lists the
+variables; a test keeps that table and VARIABLES the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .algorithms import ALGORITHMS
+
+__all__ = ["Settings", "SettingError", "VARIABLES", "current", "reload", "read"]
+
+
+class SettingError(ValueError):
+    """A RINGTREE_* variable holds a value ringtree does not take."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    algorithm: str | None = None  # replaces "auto"
+    tuning_file: str | None = None  # None: the packaged table
+    debug: bool = False
+    check: bool = False
+    timeout: float | None = None
+    timeline: str | None = None  # a path template
+    gpu_host_max: int = 16 << 20
+    cuda_aware: bool | None = None  # None: ask the MPI library
+
+
+class Variable(NamedTuple):
+    name: str
+    field: str  # of Settings
+    values: str  # what it takes, as the error and docs/configuration.md say it
+    parse: Callable[[str], object]  # raises ValueError for a value it does not take
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError
+
+
+def _algorithm(text: str) -> str | None:
+    if text == "auto":
+        return None
+    if text not in ALGORITHMS:
+        raise ValueError
+    return text
+
+
+def _seconds(text: str) -> float:
+    seconds = float(text)
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError
+    return seconds
+
+
+def _bytes(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError
+    return value
+
+
+def _cuda_aware(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError
+    return text == "1"
+
+
+VARIABLES = (
+    Variable("RINGTREE_ALGORITHM", "algorithm", "auto, " + ", ".join(ALGORITHMS), _algorithm),
+    Variable("RINGTREE_TUNING_FILE", "tuning_file", "a path to a table written by `python -m ringtree tune`", str),
+    Variable("RINGTREE_DEBUG", "debug", "1, true, yes, on or 0, false, no, off", _flag),
+    Variable("RINGTREE_CHECK", "check", "1, true, yes, on or 0, false, no, off", _flag),
+    Variable("RINGTREE_TIMEOUT", "timeout", "a positive number of seconds", _seconds),
+    Variable("RINGTREE_TIMELINE", "timeline", "a path, where {rank} stands for the rank", str),
+    Variable("RINGTREE_GPU_HOST_MAX", "gpu_host_max", "a whole number of bytes, 0 or more", _bytes),
+    Variable("RINGTREE_CUDA_AWARE", "cuda_aware", "0 or 1", _cuda_aware),
+)
+
+
+def read(environ=None) -> Settings:
+    """The settings that `environ` (default: os.environ) gives; SettingError for a bad value."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for variable in VARIABLES:
+        text = environ.get(variable.name, "").strip()
+        if not text:
+            continue
+        try:
+            values[variable.field] = variable.parse(text)
+        except ValueError:
+            raise SettingError(f"{variable.name}={text!r} is not a value ringtree takes; "
+                               f"it takes {variable.values}") from None
+    return Settings(**values)
+
+
+_current: Settings | None = None
+
+
+def current() -> Settings:
+    """The settings of this process, read at the first call."""
+    global _current
+    if _current is None:
+        _current = read()
+    return _current
+
+
+def reload() -> Settings:
+    """Read the environment again (for a program, or a test, that changed it after ringtree's first call)."""
+    global _current
+    _current = None
+    return current()

@@ -1,0 +1,100 @@
+"""simulate(): every rank's schedule of one allreduce under the α-β-γ model, without MPI.
+
+The model: a message of b bytes takes α + β·b. It holds the sender's send port
+and the receiver's receive port for that long (each rank has one of each: full
+duplex) and starts once its send and its receive are both posted and both
+ports are free. A reduction or copy of b bytes takes γ·b on its rank's one
+processor. An optional `overhead` is the fixed cost of a call (a Python call's
+argument checks and plan lookup): every rank starts that late. And as MPI
+libraries switch from an eager protocol to a rendezvous (a handshake first)
+above some size, messages of more than `eager_limit` bytes may take
+`alpha_rendezvous` instead of α. With `duplex=False` a rank has one port for
+both directions, as where the processors at both ends copy a message over
+shared memory: a rank then sends or receives, not both at once. With a
+`setup` of h seconds, a message also holds both its ranks for its first
+h seconds, so that a rank starts one message at a time: an exchange between
+two ranks takes h + α + β·b where a one-way message takes α + β·b, as
+measured over shared memory, between full duplex and one port. An op is
+posted or started once its dependencies have finished and, for a message,
+once the message before it on its channel was posted: as the engine does
+(with `stepwise`, also once the step before it has finished, as on the
+stepwise path). Messages and reductions waiting for a port or the processor get
+it in the order they became ready, ties in schedule order.
+
+The schedules are the engine's own (schedule.lower: segmented when `segment`
+is given), so the traffic counted is exactly the traffic the engine sends. Messages hold
+whole elements of `itemsize` bytes, so where the element count does not
+divide evenly, chunks differ by one element and per-rank bytes differ from
+the ideal share by that rounding (for ring, at most 2(N-1) elements).
+
+A schedule that its generator declares the same on every rank up to turning
+the ranks around (algorithms.TURNING: the ring, less the ops on empty chunks)
+is built for rank 0 only, and every rank's op k is simulated at once, as numpy
+vectors over the ranks, with the same result as the event simulation
+(turned.py); where that equivalence cannot be shown for the costs given (two
+ops of a rank's processor ready at once, say, or one port per rank), the
+event simulation (events.py) runs instead, on every rank's schedule turned
+from rank 0's where no chunk is empty. One whose every P-th rank's schedule is
+the same up to turning (algorithms.PERIOD: the ring's where chunks of two
+lengths split into different numbers of segments) is simulated on P ranks
+that stand for all.
+"""
+
+from __future__ import annotations
+
+from ..algorithms import ALGORITHMS, PERIOD, TURNING
+from ..schedule.lower import Shape
+from .events import run_events
+from .flat import flat_schedule, flat_schedules, without_gc
+from .result import Call, Costs, SimResult
+from .turned import run_periodic, run_turned, turned_schedules
+
+__all__ = ["simulate"]
+
+
+def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize: int = 4, segment: int = 0,
+             window: int = 4, stepwise: bool = False, trace: bool = False, progress: bool = False) -> SimResult:
+    """Simulate one allreduce of `nbytes` (whole elements of `itemsize` bytes) on `nranks` ranks.
+
+    `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
+    engine does. `stepwise` runs each rank's ops in their listed order, a step
+    at a time, as the stepwise path does for a blocking call of an unsegmented
+    schedule up to the selector's STEPWISE_MAX_BYTES. With `trace`, the result
+    lists every op's start and finish. With `progress`, a simulation of every
+    rank shows progress bars on stderr, where that is a terminal.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    if nranks < 1 or nbytes < 0 or itemsize < 1 or nbytes % itemsize:
+        raise ValueError(f"need nranks >= 1 and nbytes a multiple of itemsize >= 1, "
+                         f"not nranks={nranks} nbytes={nbytes} itemsize={itemsize}")
+    costs.check()
+    if stepwise and segment:
+        raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
+    call = Call(algorithm, nranks, nbytes, itemsize, segment)
+    count, segment_elements = call.count, call.segment_elements
+    turns = TURNING.get(algorithm)
+    built_for = turns(nranks, count) if turns is not None else None
+    template = None
+    if built_for is not None and nranks > 1 and not trace:
+        template = flat_schedule(Shape(algorithm, nranks, 0, built_for, segment_elements, window, False, stepwise),
+                                 itemsize, with_regions=True)
+    # Both shortcuts need full duplex and no setup: with one port per rank, a port serves two
+    # channels, and a setup holds a rank for both, in an order that depends on the times, and
+    # ranks alike in schedule need not be alike in time.
+    alike = costs.duplex and not costs.setup
+    if template is not None and alike:
+        with without_gc():
+            result = run_turned(template, call, costs, built_for)
+        if result is not None:
+            return result
+    period = PERIOD[algorithm](nranks, count) if algorithm in PERIOD else nranks
+    if period < nranks and alike and not trace:
+        result = run_periodic(call, period, costs, window, stepwise)
+        if result is not None:
+            return result
+    schedules = turned_schedules(template, nranks, count, segment_elements, itemsize) if template is not None else None
+    if schedules is None:
+        schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,
+                                   progress=progress, stepwise=stepwise)
+    return run_events(schedules, call, costs, trace, progress)

@@ -1,0 +1,99 @@
+"""The house rules of docs/design.md, checked on the source: layering, no import circle, sizes, settings."""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+import ringtree
+
+PACKAGE = pathlib.Path(ringtree.__file__).parent
+MODULES = {".".join(("ringtree", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+           for path in sorted(PACKAGE.rglob("*.py"))}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def _imports(name: str) -> set[str]:
+    """The ringtree modules that module `name` imports, at any depth of its code."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            module = node.module if node.level == 0 else ".".join(filter(None, (base, node.module)))
+            # `from package import name` imports the submodule where there is one
+            found.update(f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module
+                         for alias in node.names)
+    return {module for module in found if module in MODULES}
+
+
+def _external(name: str) -> set[str]:
+    """The top-level packages outside ringtree that module `name` imports."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found - {"ringtree"}
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(("ringtree.algorithms", "ringtree.schedule"))])
+def test_algorithms_and_schedule_import_neither_mpi_nor_an_array_library(name):
+    assert not _external(name) & {"mpi4py", "numpy", "cupy", "torch"}
+    assert all(module.startswith(("ringtree.algorithms", "ringtree.schedule")) for module in _imports(name))
+
+
+def test_nothing_but_the_commands_imports_the_commands():
+    importers = {name for name in MODULES if not name.startswith("ringtree.commands")
+                 and any(module.startswith("ringtree.commands") for module in _imports(name))}
+    assert importers == {"ringtree.__main__"}  # `python -m ringtree`, the commands' entry point
+
+
+def test_no_module_imports_itself_through_others():
+    graph = {name: _imports(name) for name in MODULES}
+    circles = []
+
+    def visit(name, path):
+        for module in graph[name]:
+            if module in path:
+                circles.append(path[path.index(module):] + [module])
+            elif module not in done:
+                visit(module, path + [module])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in MODULES:
+        if name not in done:
+            visit(name, [name])
+    assert circles == []
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_module_is_over_400_lines_and_no_function_over_80(name):
+    source = MODULES[name].read_text()
+    assert len(source.splitlines()) <= MAX_MODULE_LINES
+    long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == []
+
+
+def test_ringtree_variables_are_read_in_the_settings_module_only():
+    readers = {name for name, path in MODULES.items()
+               if re.search(r"\b(os\.environ|os\.getenv|environ\.get)\b", path.read_text())}
+    assert readers == {"ringtree.settings"}
+
+
+def test_the_package_exports_its_public_names():
+    for name in ringtree.__all__:
+        assert getattr(ringtree, name) is not None
+    assert {"allreduce", "iallreduce", "Communicator", "GradientBucketer", "MismatchError", "TimeoutError",
+            "PeerFailure"} <= set(ringtree.__all__)
