@@ -262,7 +262,7 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     (["calibrate", "--refit", "TRACE", "-o", "OUT"], "--refit TRACE: not a file written by `python -m ringtree calibrate`"),
     (["draw", "--algorithm", "ring", "--ranks", "2000"], "--ranks 2000: at most 32 lanes are drawn"),
     (["draw", "--algorithm", "ring", "--ranks", "32", "--bytes", "1M", "--segment", "1K"],
-     "sends 63488 messages; at most 2000 are drawn"),
+     "sends 63488 messages; at most 1000 are drawn"),
     (["draw", "ring"], "the following arguments are required: --algorithm"),
 ])
 def test_every_bad_argument_is_a_usage_error_not_a_traceback(tmp_path, command, message):

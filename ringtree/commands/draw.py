@@ -19,7 +19,7 @@ from ..sim.flat import flat_schedules
 from .arguments import UsageError, at_least, format_size, one_of, parse_size
 
 MAX_RANKS = 32
-MAX_MESSAGES = 2000
+MAX_MESSAGES = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
