@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from ..algorithms import ALGORITHMS
+from ..schedule import OpKind
 from ..sim import Costs, simulate
 from ..sim.flat import flat_schedules
 from .arguments import UsageError, at_least, format_size, one_of, parse_size
@@ -42,8 +43,11 @@ def check(args: argparse.Namespace) -> None:
     if nbytes % args.itemsize:
         raise UsageError(f"--bytes {nbytes} is not a whole number of {args.itemsize}-byte elements")
     segment = max(1, args.segment // args.itemsize) if args.segment else 0
-    messages = sum(schedule.kinds.count(0) for schedule in flat_schedules(
-        args.algorithm, args.ranks, nbytes // args.itemsize, segment))
+    # Counted from the unsegmented schedules: segmenting splits each message, and building a
+    # segmented schedule first could take longer than the drawing that is refused.
+    messages = sum(-(-size // (segment or size)) for schedule in flat_schedules(
+        args.algorithm, args.ranks, nbytes // args.itemsize, itemsize=1)
+        for kind, size in zip(schedule.kinds, schedule.sizes) if kind == OpKind.SEND)
     if messages > MAX_MESSAGES:
         raise UsageError(f"{args.algorithm} on {args.ranks} ranks, {format_size(nbytes)}"
                          + (f" in segments of {format_size(args.segment)}" if args.segment else "")
