@@ -29,7 +29,7 @@ from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.selector import WINDOW, log_choice, select
 
-__all__ = ["allreduce", "iallreduce", "Request", "CallPlan"]
+__all__ = ["allreduce", "iallreduce", "Request"]
 
 
 class Request:

@@ -51,8 +51,8 @@ class GradientBucketer:
         self.arrays = list(arrays)
         for i, array in enumerate(self.arrays):
             if backend_for(array) is None:
-                kind = type(array)
-                raise TypeError(f"array {i} is a {kind.__module__}.{kind.__qualname__}; ringtree reduces numpy and CuPy arrays")
+                cls = type(array)
+                raise TypeError(f"array {i} is a {cls.__module__}.{cls.__qualname__}; ringtree reduces numpy and CuPy arrays")
             if not array.flags.c_contiguous:
                 raise ValueError(f"array {i} is not C-contiguous")
         self.op, self.algorithm = op, algorithm

@@ -264,6 +264,10 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     (["draw", "--algorithm", "ring", "--ranks", "32", "--bytes", "1M", "--segment", "1K"],
      "sends 63488 messages; at most 1000 are drawn"),
     (["draw", "ring"], "the following arguments are required: --algorithm"),
+    (["draw", "--algorithm", "ring", "-o", "nowhere/ring.svg"], "argument -o/--output: no folder nowhere to write ring.svg in"),
+    (["tune", "-o", "nowhere/table.json"], "argument -o/--output: no folder nowhere to write table.json in"),
+    (["bench", "--json", "."], "argument --json: . is a folder, not a file"),
+    (["calibrate", "-o", "OUT"], "calibrate measures 2 ranks: mpiexec -n 2 python -m ringtree calibrate"),
 ])
 def test_every_bad_argument_is_a_usage_error_not_a_traceback(tmp_path, command, message):
     trace, bench = tmp_path / "trace.json", tmp_path / "bench.json"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import numpy as np
 
@@ -126,3 +127,13 @@ def json_file(text: str) -> dict:
     if not isinstance(data, dict):
         raise argparse.ArgumentTypeError(f"{text} holds no JSON object")
     return data
+
+
+def output_path(text: str) -> str:
+    """An argparse type: a file a command will write, in a folder that exists ('-' passes as it is)."""
+    folder = os.path.dirname(text) or "."
+    if text != "-" and not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"no folder {folder} to write {os.path.basename(text)} in")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    return text

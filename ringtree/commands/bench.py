@@ -31,7 +31,7 @@ from ..allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
 from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support
-from .arguments import UsageError, at_least, comma_list, dtype, parse_size, positive, sizes_from_args
+from .arguments import UsageError, at_least, comma_list, dtype, output_path, parse_size, positive, sizes_from_args
 from .measure import across_ranks, exact_inputs, in_pass_order, time_in_turns
 
 NATIVE = "native"
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds per size and algorithm, at most, once warm; lowers --iters for big sizes")
     parser.add_argument("--passes", type=at_least(1), default=1,
                         help="times over the whole grid; a case's time is the median over passes")
-    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the rows as JSON")
     parser.add_argument("--note", default="", help="a line about the machine, kept in the JSON (e.g. '2-core VM')")
 
 

@@ -38,12 +38,13 @@ from ..algorithms import ALGORITHMS
 from ..allreduce import allreduce
 from ..sim.calibration import FORMAT, best_fit, fit_per_byte, fit_protocols, refitted
 from ..tuning.selector import select
-from .arguments import UsageError, at_least, format_size, json_file, parse_size, size_grid
+from .arguments import UsageError, at_least, format_size, json_file, output_path, parse_size, size_grid
 from .measure import in_pass_order, time_in_turns
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", default="calibration.json", help="JSON file for α, β, γ and the measurements")
+    parser.add_argument("-o", "--output", type=output_path, default="calibration.json",
+                        help="JSON file for α, β, γ and the measurements")
     parser.add_argument("-e", "--maxbytes", type=at_least(64 << 10, parse_size), default=parse_size("64M"),
                         help="largest size measured (at least 64K: γ is fitted from 64 KiB up)")
     parser.add_argument("--iters", type=at_least(1), default=5, help="timed repetitions per size and pass")
@@ -62,14 +63,14 @@ def _readable(path: str) -> str:
 def check(args: argparse.Namespace) -> None:
     if args.refit and json_file(args.refit).get("format") != FORMAT:
         raise UsageError(f"--refit {args.refit}: not a file written by `python -m ringtree calibrate`")
+    if not args.refit and MPI.COMM_WORLD.Get_size() < 2:
+        raise UsageError("calibrate measures 2 ranks: mpiexec -n 2 python -m ringtree calibrate (or --refit FILE)")
 
 
 def run(args: argparse.Namespace) -> dict | None:
     if args.refit:
         return refit(args.refit, args.output)
     world = MPI.COMM_WORLD
-    if world.Get_size() < 2:
-        raise SystemExit("calibrate needs at least 2 ranks: mpiexec -n 2 python -m ringtree calibrate")
     pair = world.Split(0 if world.Get_rank() < 2 else MPI.UNDEFINED, world.Get_rank())
     result = None
     if pair != MPI.COMM_NULL:

@@ -17,7 +17,7 @@ from ..algorithms import ALGORITHMS
 from ..schedule import OpKind
 from ..sim import Costs, simulate
 from ..sim.flat import flat_schedules
-from .arguments import UsageError, at_least, format_size, one_of, parse_size
+from .arguments import UsageError, at_least, format_size, one_of, output_path, parse_size
 
 MAX_RANKS = 32
 MAX_MESSAGES = 1000
@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itemsize", type=at_least(1), default=4, help="bytes per element (default 4, float32)")
     parser.add_argument("--segment", type=at_least(0, parse_size), default=0,
                         help="pipeline segments of this many bytes (default: not segmented)")
-    parser.add_argument("-o", "--output", default=None, help="image file, .svg or .png (default: ALGORITHM.svg)")
+    parser.add_argument("-o", "--output", type=output_path, default=None,
+                        help="image file, .svg or .png (default: ALGORITHM.svg)")
 
 
 def check(args: argparse.Namespace) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import UsageError, json_file
+from .arguments import UsageError, json_file, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", nargs="+", type=json_file, metavar="FILE",
                         help="JSON files written by bench --json (or, with --timeline, one merged trace)")
-    parser.add_argument("-o", "--output", default="busbw.svg", help="image file (.svg or .png)")
+    parser.add_argument("-o", "--output", type=output_path, default="busbw.svg", help="image file (.svg or .png)")
     parser.add_argument("--timeline", action="store_true", help="the input is a merged RINGTREE_TIMELINE trace")
 
 

@@ -14,7 +14,7 @@ from ..algorithms import ALGORITHMS
 from ..sim import Costs, SimResult, simulate
 from ..sim.calibration import load
 from ..tuning.selector import FALLBACK_MODEL
-from .arguments import UsageError, at_least, format_size, one_of, parse_size
+from .arguments import UsageError, at_least, format_size, one_of, output_path, parse_size
 
 # Above this many lines of ranks with the same traffic, the table gives each column's range instead.
 MAX_LINES = 16
@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "up to the selector's STEPWISE_MAX_BYTES")
     parser.add_argument("--duplex", action=argparse.BooleanOptionalAction,
                         help="a send and a receive port per rank (the default), or --no-duplex: one port for both")
-    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-': to stdout, instead)")
+    parser.add_argument("--json", metavar="PATH", type=output_path,
+                        help="also write the result as JSON ('-': to stdout, instead)")
 
 
 def costs_from(args: argparse.Namespace) -> Costs:

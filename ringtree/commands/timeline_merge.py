@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from .arguments import UsageError, json_file
+from .arguments import UsageError, json_file, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", type=json_file, metavar="FILE", help="one rank's trace each")
-    parser.add_argument("-o", "--output", required=True, help="the merged trace")
+    parser.add_argument("-o", "--output", type=output_path, required=True, help="the merged trace")
 
 
 def check(args: argparse.Namespace) -> None:

@@ -33,7 +33,7 @@ from ..algorithms import ALGORITHMS
 from ..allreduce import allreduce
 from ..tuning.model import fit
 from ..tuning.selector import FORMAT, SEGMENT_BYTES
-from .arguments import at_least, comma_list, format_size, parse_size, positive, size_list, sizes_from_args
+from .arguments import at_least, comma_list, format_size, output_path, parse_size, positive, size_list, sizes_from_args
 from .measure import exact_inputs, in_pass_order, time_in_turns
 
 SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=positive, default=0.01, help="seconds of back-to-back calls per repetition")
     parser.add_argument("--budget", type=positive, default=0.5,
                         help="seconds per size and case, at most, once warm; lowers --iters for big sizes")
-    parser.add_argument("-o", "--output", default="ringtree-tuning.json",
+    parser.add_argument("-o", "--output", type=output_path, default="ringtree-tuning.json",
                         help="table file to write; rules for other rank counts already in it are kept")
     parser.add_argument("--note", default="", help="where this was measured (e.g. '2-core VM'), kept in the file")
     parser.add_argument("--merge", action="store_true",

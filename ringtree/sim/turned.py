@@ -25,16 +25,9 @@ __all__ = ["run_turned", "run_periodic", "turned_sizes", "turned_schedules", "tu
 SEND, RECV, REDUCE = int(OpKind.SEND), int(OpKind.RECV), int(OpKind.REDUCE)
 
 
-# A schedule that is the same on every rank up to turning the ranks around (algorithms.TURNING) is
-# built for rank 0 alone; rank r's op k is rank 0's op k on chunk c + r instead of c, with a peer r
-# further on, or no op where that chunk is empty. So op k of every rank can be simulated at once: its
-# ready and finish times are vectors over the ranks, a message's other end is its partner's vector
-# turned by the peer's distance.
-#
-# This gives the event simulation's times exactly when every resource serves its ops in a fixed order:
-# a rank that sends to one peer and receives from one (full duplex) has one channel per port, served
-# in channel order; its processor serves reductions and copies in the order they become ready, which
-# is program order when each is ready strictly after the one before (checked after the fact).
+# Rank r's op k is rank 0's op k on chunk c + r instead of c, with a peer r further on, or no op where
+# that chunk is empty. So op k of every rank can be simulated at once: its ready and finish times are
+# vectors over the ranks, a message's other end is its partner's vector turned by the peer's distance.
 
 
 def turned_partners(template: FlatSchedule, nranks: int) -> list[int]:
