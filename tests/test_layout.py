@@ -97,3 +97,17 @@ def test_the_package_exports_its_public_names():
         assert getattr(ringtree, name) is not None
     assert {"allreduce", "iallreduce", "Communicator", "GradientBucketer", "MismatchError", "TimeoutError",
             "PeerFailure"} <= set(ringtree.__all__)
+
+
+@pytest.mark.mpi
+def test_ringtree_allreduce_is_both_the_function_and_its_module():
+    import numpy as np
+
+    import ringtree.allreduce
+    from ringtree.allreduce import allreduce
+
+    comm = ringtree.allreduce.MPI.COMM_WORLD
+    data = np.arange(6, dtype=np.int64)
+    assert np.array_equal(ringtree.allreduce(data, comm=comm), allreduce(data, comm=comm))
+    assert np.array_equal(ringtree.allreduce.allreduce(data, comm=comm), data * comm.Get_size())
+    assert ringtree.iallreduce(data, comm=comm).wait().tolist() == (data * comm.Get_size()).tolist()
