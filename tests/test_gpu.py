@@ -7,6 +7,7 @@ where the MPI allows). Staged calls up to RINGTREE_GPU_HOST_MAX bytes reduce a h
 whole array; the tests run small calls both ways."""
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -44,8 +45,10 @@ small_calls = pytest.mark.parametrize("host_max", ["default", "0"], ids=["throug
 
 
 def _small_calls(monkeypatch, host_max):
-    """RINGTREE_GPU_HOST_MAX=host_max for this test, as the settings would read it."""
-    environ = {} if host_max == "default" else {"RINGTREE_GPU_HOST_MAX": host_max}
+    """RINGTREE_GPU_HOST_MAX=host_max for this test, the other variables as they are."""
+    environ = {name: value for name, value in os.environ.items() if name != "RINGTREE_GPU_HOST_MAX"}
+    if host_max != "default":
+        environ["RINGTREE_GPU_HOST_MAX"] = host_max
     monkeypatch.setattr(settings, "_current", settings.read(environ))
 
 
