@@ -202,6 +202,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     try:
         settings.current()
     except settings.SettingError as error:
+        comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
         raise settings.SettingError(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
     timeout = _checked_timeout(timeout, comm)
     if check is not None and not isinstance(check, bool):

@@ -1,5 +1,6 @@
 """Every RINGTREE_* variable: read by ringtree.settings, a bad value refused by name, the table in the docs."""
 
+import json
 import os
 import pathlib
 import re
@@ -87,3 +88,26 @@ def test_a_command_refuses_a_bad_setting_as_a_usage_error():
                          env={**os.environ, "RINGTREE_ALGORITHM": "fastest"})
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "RINGTREE_ALGORITHM='fastest' is not a value ringtree takes" in run.stderr
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs processes of its own")
+def test_a_bad_value_on_one_rank_alone_is_an_error_on_every_rank_not_a_hang():
+    code = ("import json, numpy as np, ringtree\n"
+            "from mpi4py import MPI\n"
+            "try:\n"
+            "    ringtree.allreduce(np.ones(3))\n"
+            "    caught = None\n"
+            "except (ValueError, ringtree.MismatchError) as error:\n"
+            "    caught = f'{type(error).__name__}: {error}'\n"
+            "everyone = MPI.COMM_WORLD.gather(caught)\n"
+            "if MPI.COMM_WORLD.Get_rank() == 0:\n"
+            "    print(json.dumps(everyone))\n")
+    mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALNRANKS"))}
+    run = subprocess.run([str(mpiexec), "-n", "1", sys.executable, "-c", code, ":",
+                          "-n", "1", "-env", "RINGTREE_TIMEOUT", "abc", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=120, env=clean)
+    assert run.returncode == 0, run.stderr
+    for rank, caught in enumerate(json.loads(run.stdout)):
+        assert caught.startswith(f"MismatchError: ringtree on rank {rank}: ranks of MPI_COMM_WORLD")
+        assert "ranks [1]: no usable settings (RINGTREE_TIMEOUT='abc' is not a value ringtree takes" in caught

@@ -34,6 +34,7 @@ class CommState:
         self.size = comm.Get_size()
         # Every rank must make the same choices: compare what they depend on, once per communicator.
         # A rank that cannot read its settings or load its table still takes part, so that none waits for it.
+        failure = None
         try:
             current = settings.current()
             configure_debug_logging(MPI.COMM_WORLD.Get_rank())
@@ -41,7 +42,7 @@ class CommState:
                 timeline.start(current.timeline)
             mine = f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}"
         except (OSError, ValueError) as error:
-            mine = f"no usable settings ({error})"
+            failure, mine = error, f"no usable settings ({error})"
         # Nonblocking, so that a rank that never comes is a timeout, not a hang.
         self.comm, dup = comm.Idup()
         self.control, control_dup = comm.Idup()  # for timeouts: who is still here is asked on this one
@@ -58,9 +59,9 @@ class CommState:
                 groups.setdefault(identity, []).append(rank)
             raise MismatchError(f"ringtree on rank {self.rank}: ranks of {name} would choose algorithms "
                                 "differently: " + "; ".join(f"ranks {r}: {i}" for i, r in groups.items()))
-        if mine.startswith("no usable"):
+        if failure is not None:
             self.free()
-            raise ValueError(f"ringtree on rank {self.rank}: {mine}")
+            raise type(failure)(f"ringtree on rank {self.rank}: {failure}")
         self.tags = min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB), 1 << 30) + 1  # the standard puts TAG_UB on COMM_WORLD only
         self.calls = 0
         self.plans: dict = {}  # per call shape: the CallPlan allreduce built on the first call
