@@ -200,11 +200,11 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, reduce_op, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
     try:
-        settings.current()
+        current = settings.current()
     except settings.SettingError as error:
         comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
         raise settings.SettingError(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
-    timeout = _checked_timeout(timeout, comm)
+    timeout = _checked_timeout(timeout, comm, current.timeout)
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
                         f"got {check!r}")
@@ -216,12 +216,12 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
     dtype = target.dtype
-    if backend.staged and target.nbytes <= settings.current().gpu_host_max:
+    if backend.staged and target.nbytes <= current.gpu_host_max:
         return None, state, source, target, recvbuf, inplace, timeout  # for _through_host
     call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
     if call is None:
         call = _plan(state, backend, algorithm, target, reduce_op, segment)
-    if settings.current().check if check is None else check:
+    if current.check if check is None else check:
         reliability.agree(state, call.record, (target.size, dtype, reduce_op.value, call.compiled.schedule.algorithm),
                           timeout,
                           lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
@@ -306,9 +306,9 @@ def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
         raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
 
 
-def _checked_timeout(timeout, comm):
+def _checked_timeout(timeout, comm, default):
     if timeout is None:
-        return settings.current().timeout
+        return default
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
         raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: timeout must be a positive number "
                          f"of seconds, got {timeout!r}")
