@@ -14,9 +14,10 @@ class TimeoutError(builtins.TimeoutError):
 
 
 class PeerFailure(RuntimeError):
-    """Ranks of the communicator failed during a collective (reported by an MPI with ULFM fault
-    tolerance, as Open MPI's `mpiexec --with-ft ulfm`). `failed` lists their ranks; the communicator
-    can be shrunk to the survivors (`comm.Shrink()`) to go on."""
+    """Ranks of the communicator failed during a collective. `failed` lists their ranks. Under an
+    MPI with ULFM fault tolerance (Open MPI's `mpiexec --with-ft ulfm`) the communicator can be
+    shrunk to the survivors (`comm.Shrink()`) to go on; under another MPI, which can only fail the
+    message with the dead rank, ringtree ends the job with MPI_Abort when this process exits."""
 
     def __init__(self, message: str, failed: list[int]) -> None:
         super().__init__(message)

@@ -220,6 +220,41 @@ def test_a_rank_that_dies_mid_allreduce_ends_the_job_with_an_error():
     assert seconds < 60, f"took {seconds:.1f} s"
 
 
+DIES_AND_REPORTS = """
+    import os, pathlib, sys
+    import numpy as np
+    from mpi4py import MPI
+    import ringtree
+    rank = MPI.COMM_WORLD.Get_rank()
+    request = ringtree.iallreduce(np.ones(16 << 20, np.float32))
+    if rank == 1:
+        request.test()
+        os._exit(3)
+    try:
+        request.wait()
+    except ringtree.PeerFailure as error:
+        pathlib.Path(sys.argv[1], f"rank-{rank}.txt").write_text(str(error))  # the job's abort may cut its output
+        raise
+"""
+
+
+@one_rank_only
+@pytest.mark.skipif("MPICH" not in MPI.Get_library_version(), reason="-disable-auto-cleanup is MPICH's launcher's")
+def test_a_rank_that_dies_is_named_and_the_job_ends_even_when_the_launcher_would_not_end_it(tmp_path):
+    # The launcher does not always end the job when a rank dies, and a survivor's MPI_Finalize then
+    # waits for the dead rank forever: without the launcher's clean-up, only ringtree can end the job.
+    started = time.perf_counter()
+    run = run_mpiexec(3, "-c", textwrap.dedent(DIES_AND_REPORTS), str(tmp_path), options=["-disable-auto-cleanup"],
+                      timeout=90)
+    assert run.returncode != 0
+    assert time.perf_counter() - started < 60
+    reports = [path.read_text() for path in sorted(tmp_path.glob("rank-*.txt"))]
+    assert reports, run.stderr
+    for report in reports:
+        assert "the MPI failed a message with rank 1" in report, report
+        assert "ringtree ends the job (MPI_Abort) when this process exits" in report, report
+
+
 @one_rank_only
 @pytest.mark.skipif("Open MPI" not in MPI.Get_library_version(),
                     reason="ULFM fault tolerance is Open MPI's (mpiexec --with-ft ulfm); this MPI is another")

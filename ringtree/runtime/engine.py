@@ -21,7 +21,7 @@ from ..errors import PeerFailure
 from ..schedule import OpKind
 from . import reliability, timeline
 from .compiled import CompiledSchedule
-from .failures import PEER_FAILED, error_classes, translated, wrong_size
+from .failures import error_classes, failing, job_ends, source, translated, wrong_size
 
 __all__ = ["Execution", "InFlight", "IN_FLIGHT"]
 
@@ -156,10 +156,14 @@ class InFlight:
         try:
             finished = MPI.Request.Testsome(self.requests, self.statuses)
         except MPI.Exception as error:
-            classes = error_classes(error, self.statuses[:len(self.requests)])
-            failing = next((i for i, c in enumerate(classes) if c == MPI.ERR_TRUNCATE or c in PEER_FAILED), 0)
-            execution = self.owners[failing][0] if failing < len(self.owners) else self.owners[0][0]
-            ours = translated(classes, execution.comm)
+            # Testsome's statuses are those of the requests it completed, in an order it does not
+            # return on error: a failed receive's status names its peer, a send's none.
+            statuses = self.statuses[:len(self.requests)]
+            classes = error_classes(error, statuses)
+            execution = self.owners[0][0]
+            on_a_message = error.Get_error_class() == MPI.ERR_IN_STATUS
+            peer = source(statuses[failing(classes)], execution.comm) if on_a_message else None
+            ours = translated(classes, execution.comm, on_a_message, peer)
             if ours is None:
                 raise
             raise self.abandon(execution, ours) from None
@@ -197,7 +201,7 @@ class InFlight:
         would wait for them at exit), and mark its communicator unusable with `error`, which is
         returned to raise."""
         for request, (owner, op) in zip(self.requests, self.owners):
-            if owner is not execution or request == MPI.REQUEST_NULL:
+            if owner is not execution or request == MPI.REQUEST_NULL or job_ends():
                 continue
             try:
                 if execution.actions[op][0] is RECV or isinstance(error, PeerFailure):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
+
 from mpi4py import MPI
 
+from ..debug import log
 from ..errors import MismatchError, PeerFailure
 
-__all__ = ["PEER_FAILED", "error_classes", "translated", "wrong_size"]
+__all__ = ["PEER_FAILED", "error_classes", "failing", "job_ends", "source", "translated", "wrong_size"]
 
 PEER_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+NOT_FAILED = (MPI.SUCCESS, MPI.ERR_PENDING)
 
 
 def wrong_size(comm, peer: int, got: int, expected: int) -> MismatchError:
@@ -24,14 +28,28 @@ def error_classes(error: MPI.Exception, statuses: list) -> list[int]:
     return [MPI.Get_error_class(status.Get_error()) for status in statuses]
 
 
-def translated(classes: list[int], comm) -> Exception | None:
-    """ringtree's error for MPI error classes it understands: a message larger than its receive, or
-    a failed peer; None for any other."""
+def failing(classes: list[int]) -> int:
+    """The index of the first class that is an error (0 when none is)."""
+    return next((i for i, c in enumerate(classes) if c not in NOT_FAILED), 0)
+
+
+def translated(classes: list[int], comm, on_a_message: bool = False, peer: int | None = None) -> Exception | None:
+    """ringtree's error for MPI error classes: a message larger than its receive, a failed peer
+    (ULFM), or, `on_a_message`, any other error on one of the collective's messages (with `peer`,
+    where it is known); None for any other error."""
     if MPI.ERR_TRUNCATE in classes:
         return _did_not_fit(comm)
     if any(c in PEER_FAILED for c in classes):
         return _peer_failure(comm)
+    if on_a_message:
+        return _peer_lost(comm, peer, classes[failing(classes)])
     return None
+
+
+def source(status: MPI.Status, comm) -> int | None:
+    """The rank a failed message was received from; None for a send, whose status names none."""
+    rank = status.Get_source()
+    return rank if 0 <= rank < comm.Get_size() else None
 
 
 def _peer_failure(comm) -> PeerFailure:
@@ -51,6 +69,36 @@ def _peer_failure(comm) -> PeerFailure:
                        + (f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed" if failed
                           else "a rank failed (the MPI did not say which)")
                        + "; the communicator can be shrunk to the survivors (comm.Shrink()) to go on", failed)
+
+
+def _peer_lost(comm, peer: int | None, error_class: int) -> PeerFailure:
+    """An MPI without ULFM failed a message with `peer`: that rank most likely died, and its
+    launcher may not end the job before this rank's MPI_Finalize waits for it forever. End the job
+    when this process exits. (MPICH's revoke without fault tolerance crashes or hangs the survivors'
+    requests, so no revoke.)"""
+    if not _ENDING_THE_JOB:
+        _ENDING_THE_JOB.append(comm.Get_rank())
+        atexit.register(_end_the_job)  # after mpi4py's own exit handler, so it runs before MPI_Finalize
+    which = f"rank {peer}" if peer is not None else "a rank"
+    return PeerFailure(f"ringtree allreduce on rank {comm.Get_rank()}: the MPI failed a message with {which} "
+                       f"({MPI.Get_error_string(error_class)}): that rank has most likely died. This MPI cannot go "
+                       "on without it, so ringtree ends the job (MPI_Abort) when this process exits",
+                       [] if peer is None else [peer])
+
+
+_ENDING_THE_JOB: list[int] = []  # this process's rank on the communicator that lost a peer, once it has
+
+
+def job_ends() -> bool:
+    """Whether this process ends the job at exit: then its requests are left alone, as an MPI
+    without fault tolerance may crash or wait forever on those with a dead peer."""
+    return bool(_ENDING_THE_JOB)
+
+
+def _end_the_job() -> None:
+    log.error("ringtree on rank %d: a peer died during a collective; ending the job (MPI_Abort) instead of "
+              "waiting for it in MPI_Finalize", _ENDING_THE_JOB[0])
+    MPI.COMM_WORLD.Abort(1)
 
 
 def _did_not_fit(comm) -> MismatchError:

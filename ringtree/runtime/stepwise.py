@@ -54,7 +54,8 @@ def run_stepwise(steps: tuple[tuple, ...], buffers: list, reduce, copy, comm: MP
                     if status.Get_count(BYTE) != region.nbytes:
                         raise wrong_size(comm, peer, status.Get_count(BYTE), region.nbytes)
     except MPI.Exception as error:
-        ours = translated(error_classes(error, [status]), comm)
+        peer = step[3] if step[0] is EXCHANGE else step[1]  # an exchange names the rank it receives from
+        ours = translated(error_classes(error, [status]), comm, True, peer)
         if ours is None:
             raise
         raise ours from None
