@@ -22,7 +22,7 @@ from .buckets import GradientBucketer
 from .communicator import Communicator
 from .errors import MismatchError, PeerFailure, TimeoutError
 from .settings import SettingError
+from .version import __version__
 
 __all__ = ["allreduce", "iallreduce", "Request", "Communicator", "GradientBucketer", "MismatchError", "PeerFailure",
-           "TimeoutError", "SettingError"]
-__version__ = "0.1.0"
+           "TimeoutError", "SettingError", "__version__"]

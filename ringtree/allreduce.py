@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import sys
+import time
 import types
 from typing import NamedTuple
 
@@ -23,11 +24,13 @@ from .runtime import reliability, timeline
 from .runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, Execution
+from .runtime.native import NativePlan, native_plan, reduces, run_native
 from .runtime.state import LAST, comm_state
 from .runtime.stepwise import run_stepwise
 from .schedule.lower import Shape
 from .schedule.staging import is_host
-from .tuning.selector import WINDOW, log_choice, select
+from .tuning.online import NATIVE, Tuner, key_of
+from .tuning.selector import WINDOW, Choice, log_choice, runs_stepwise, select, table
 
 __all__ = ["allreduce", "iallreduce", "Request"]
 
@@ -82,56 +85,67 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     RINGTREE_TIMEOUT) raises TimeoutError when the collective makes no progress
     for that long. Both must be the same on every rank.
     """
+    trial = None
     repeat = _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if repeat is not None:
-        call, state, steps, source, target = repeat
+        call, state, steps, source, target, inplace = repeat
     else:
-        call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
-                                                                          segment, check, timeout)
+        call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
+            sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, True)
         if call is None:
             return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, True)
         steps = call.in_place_steps if inplace else call.steps
-        if steps is None or IN_FLIGHT.requests or IN_FLIGHT.queued or timeline.ACTIVE or timeout is not None:
-            return _start(call, state, source, target, recvbuf, inplace, timeout).wait()
-        # A stepwise plan has both step lists and a backend that is not asynchronous, as a repeat needs.
-        if check is None and segment is None and not settings.current().check and known_op(op) is not None:
-            state.repeats[_op_key(op), algorithm, target.dtype, target.size] = call
-    # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
-    reduce, copy, divide = call.bound
-    try:
-        run_stepwise(steps, [source, target, *call.stepwise_scratch], reduce, copy, state.comm, state.next_tag())
-    except (MismatchError, PeerFailure) as error:
-        state.broken = error  # messages of the other ranks' call may be left unmatched
-        raise
-    if call.average:
-        divide(target, state.size)
+        if type(call) is not NativePlan and (steps is None or IN_FLIGHT.requests or IN_FLIGHT.queued
+                                             or timeline.ACTIVE or timeout is not None):
+            return _start(call, state, source, target, recvbuf, inplace, timeout, trial).wait()
+        # A stepwise or native plan runs here, as a repeat does; a trial is not repeated.
+        if (trial is None and check is None and segment is None and not settings.current().check
+                and known_op(op) is not None):
+            state.repeats[_op_key(op), algorithm, target.dtype, target.size, inplace] = call
+    started = time.perf_counter()
+    if type(call) is NativePlan:
+        run_native(call, state.comm, source, target, inplace, state.size)
+    else:
+        # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
+        reduce, copy, divide = call.bound
+        try:
+            run_stepwise(steps, [source, target, *call.stepwise_scratch], reduce, copy, state.comm, state.next_tag())
+        except (MismatchError, PeerFailure) as error:
+            state.broken = error  # messages of the other ranks' call may be left unmatched
+            raise
+        if call.average:
+            divide(target, state.size)
+    if trial is not None:
+        Tuner.record(trial, time.perf_counter() - started)
     return recvbuf
 
 
 def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     """The stepwise path's shortcut for a call like an earlier one on the same communicator: same op,
-    algorithm, dtype and size, numpy arrays, default segment, check and timeout. Only what may
-    differ between such calls is checked: the arrays' layout, writability and overlap. Returns
-    (call plan, state, steps, source, target), or None for `_prepare` to check the call in full."""
+    algorithm, dtype, size and in-place-ness, numpy arrays, default segment, check and timeout. Only
+    what may differ between such calls is checked: the arrays' layout, writability and overlap.
+    Returns (call plan, state, steps, source, target, in place), or None for `_prepare` to check the
+    call in full."""
     if (type(recvbuf) is not np.ndarray or segment is not None or check is not None or timeout is not None
             or type(algorithm) is not str or IN_FLIGHT.requests or IN_FLIGHT.queued
             or (MPI.COMM_WORLD if comm is None else comm) is not LAST[0]):
         return None
     state = LAST[1]
+    inplace = sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
     # The key as _op_key gives it, inlined: this path counts every 0.1 µs.
-    call = state.repeats.get((op if type(op) is str else id(op), algorithm, recvbuf.dtype, recvbuf.size))
+    call = state.repeats.get((op if type(op) is str else id(op), algorithm, recvbuf.dtype, recvbuf.size, inplace))
     flags = recvbuf.flags
     if call is None or not flags.carray or state.broken is not None:  # carray: C-contiguous, writeable
         return None
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-    if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
-        return call, state, call.in_place_steps, target, target
+    if inplace:
+        return call, state, call.in_place_steps, target, target, True
     if type(sendbuf) is not np.ndarray or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
         return None
     flags = sendbuf.flags
     if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
         return None  # views may overlap, which _prepare checks
-    return call, state, call.steps, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target
+    return call, state, call.steps, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target, False
 
 
 def _op_key(op):
@@ -144,11 +158,11 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
                timeout=None) -> Request:
     """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
     waiting on it; in check mode, the ranks agree before this returns)."""
-    call, state, source, target, recvbuf, inplace, timeout = _prepare(sendbuf, recvbuf, op, comm, algorithm,
-                                                                      segment, check, timeout)
+    call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
+        sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
     if call is None:
         return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
-    return _start(call, state, source, target, recvbuf, inplace, timeout)
+    return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
 
 
 def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
@@ -180,7 +194,6 @@ class CallPlan(NamedTuple):
     dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
     stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
-    record: object  # what check mode compares across ranks (reliability.call_record)
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
@@ -193,9 +206,9 @@ class CallPlan(NamedTuple):
         self.free_scratch.append(scratch)
 
 
-def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
+def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
     """Check the arguments and find (or build) the call plan; in check mode, agree with the other
-    ranks on the call; return what a call needs."""
+    ranks on the call; return what a call needs, and the online tuning trial it is, if any."""
     if comm is None:
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, reduce_op, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
@@ -217,32 +230,63 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
     dtype = target.dtype
     if backend.staged and target.nbytes <= current.gpu_host_max:
-        return None, state, source, target, recvbuf, inplace, timeout  # for _through_host
-    call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
-    if call is None:
-        call = _plan(state, backend, algorithm, target, reduce_op, segment)
+        return None, state, source, target, recvbuf, inplace, timeout, None  # for _through_host
     if current.check if check is None else check:
-        reliability.agree(state, call.record, (target.size, dtype, reduce_op.value, call.compiled.schedule.algorithm),
-                          timeout,
+        # Before the choice: online tuning takes its steps on the arguments the ranks agree on here.
+        reliability.agree(state, reliability.call_record(target.size, dtype, reduce_op.value, algorithm),
+                          (target.size, dtype, reduce_op.value, algorithm), timeout,
                           lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
                                                                  algorithm="recursive_doubling", timeout=seconds))
-    return call, state, source, target, recvbuf, inplace, timeout
+    call = trial = None
+    if (algorithm == "auto" and segment is None and state.tuner is not None and current.algorithm is None
+            and not (current.tuning_file and table().match(target.nbytes, state.size, dtype.name, reduce_op.value))):
+        call, trial = _tuned_plan(state, comm, backend, target, reduce_op, inplace, blocking and timeout is None,
+                                  timeout)
+    if call is None:
+        call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
+        if call is None:
+            choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment)
+            call = _plan(state, backend, choice, target, reduce_op, (backend, algorithm, target.size, dtype, reduce_op,
+                                                                     segment))
+    return call, state, source, target, recvbuf, inplace, timeout, trial
 
 
-def _plan(state, backend, algorithm, target, reduce_op, segment) -> CallPlan:
-    """Choose the algorithm for a new call shape and build its plan, kept for the calls after."""
+def _tuned_plan(state, comm, backend, target, reduce_op, inplace, native, timeout):
+    """The plan online tuning chooses for an "auto" call (tuning/online.py), and the trial it is."""
+    native = native and backend is NumpyBackend and reduces(target.dtype, reduce_op)
+    key = key_of(target.nbytes, inplace, target.dtype.itemsize, native)
+    chosen = state.tuner.choose(key, lambda times: list(iallreduce(
+        np.array(times), op=MPI.MAX, comm=comm, algorithm="recursive_doubling", check=False, timeout=timeout).wait()))
+    if chosen is None:
+        return None, None  # nothing learned, and not learning: the table or the model chooses
+    option, why, trial = chosen
+    plan_key = (backend, option, target.size, target.dtype, reduce_op)
+    call = state.plans.get(plan_key)
+    if call is None:
+        segment = option.segment if target.nbytes > option.segment else 0
+        stepwise = option.algorithm != NATIVE and runs_stepwise(option.algorithm, target.nbytes, segment)
+        call = _plan(state, backend, Choice(option.algorithm, segment, stepwise, why), target, reduce_op, plan_key)
+    elif trial is not None:
+        log_choice(Choice(option.algorithm, option.segment, False, why), target.nbytes, state.size, target.dtype,
+                   reduce_op.value)
+    return call, trial
+
+
+def _plan(state, backend, choice, target, reduce_op, plan_key) -> CallPlan | NativePlan:
+    """Build the plan of `choice` for a new call shape, kept under `plan_key` for the calls after."""
     dtype = target.dtype
-    choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment)
     log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
+    if choice.algorithm == NATIVE:
+        call = state.plans[plan_key] = native_plan(reduce_op, backend.divide)
+        return call
     stepwise = choice.stepwise and not backend.asynchronous
     runnable = compiled(Shape(choice.algorithm, state.size, state.rank, target.size,
                               max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW,
                               backend.staged, stepwise))
     reduce = backend.reducer(reduce_op)
-    call = state.plans[backend, algorithm, target.size, dtype, reduce_op, segment] = CallPlan(
+    call = state.plans[plan_key] = CallPlan(
         runnable, runnable.steps, runnable.in_place_steps, backend, reduce, backend.bind(reduce) if stepwise else None,
-        reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [],
-        reliability.call_record(target.size, dtype, reduce_op.value, choice.algorithm))
+        reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [])
     return call
 
 
@@ -251,11 +295,20 @@ def _new_scratch(runnable: CompiledSchedule, backend, dtype) -> list:
             for name, size in runnable.schedule.scratch]
 
 
-def _start(call, state, source, target, recvbuf, inplace, timeout) -> Request:
+def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -> Request:
     reduce, copy, divide = call.backend.bind(call.reduce)
     scratch = call.take_scratch()
-    execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state,
-                          lambda: call.finish(target, scratch, state.size, divide), timeout, call.backend.asynchronous)
+    started = time.perf_counter()
+
+    def finish() -> None:
+        call.finish(target, scratch, state.size, divide)
+        if trial is not None:
+            Tuner.record(trial, time.perf_counter() - started)
+
+    execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state, finish, timeout,
+                          call.backend.asynchronous)
+    if trial is not None:
+        Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
     return Request(execution, recvbuf)
 
 

@@ -37,6 +37,8 @@ class Settings:
     timeline: str | None = None  # a path template
     gpu_host_max: int = 16 << 20
     cuda_aware: bool | None = None  # None: ask the MPI library
+    tune: str = "online"  # online, cache or off
+    cache_dir: str = ""  # where online tuning keeps what it learned; "" until read() fills it in
 
 
 class Variable(NamedTuple):
@@ -79,6 +81,15 @@ def _bytes(text: str) -> int:
     return value
 
 
+def _tune(text: str) -> str:
+    if text not in TUNE_MODES:
+        raise ValueError
+    return text
+
+
+TUNE_MODES = ("online", "cache", "off")
+
+
 def _cuda_aware(text: str) -> bool:
     if text not in ("0", "1"):
         raise ValueError
@@ -94,6 +105,8 @@ VARIABLES = (
     Variable("RINGTREE_TIMELINE", "timeline", "a path, where {rank} stands for the rank", str),
     Variable("RINGTREE_GPU_HOST_MAX", "gpu_host_max", "a whole number of bytes, 0 or more", _bytes),
     Variable("RINGTREE_CUDA_AWARE", "cuda_aware", "0 or 1", _cuda_aware),
+    Variable("RINGTREE_TUNE", "tune", "online, cache or off", _tune),
+    Variable("RINGTREE_CACHE_DIR", "cache_dir", "a directory", str),
 )
 
 
@@ -110,6 +123,9 @@ def read(environ=None) -> Settings:
         except ValueError:
             raise SettingError(f"{variable.name}={text!r} is not a value ringtree takes; "
                                f"it takes {variable.values}") from None
+    caches = environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(environ.get("HOME") or os.path.expanduser("~"),
+                                                                       ".cache")
+    values.setdefault("cache_dir", os.path.join(caches, "ringtree"))
     return Settings(**values)
 
 

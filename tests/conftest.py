@@ -2,12 +2,17 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 MPIEXEC = pathlib.Path(sys.executable).parent / "mpiexec"
+
+# Online tuning keeps what it learns in a cache (rank 0 reads and writes it): the tests' own, never the user's.
+_CACHE = tempfile.TemporaryDirectory(prefix="ringtree-test-cache-")
+os.environ.setdefault("RINGTREE_CACHE_DIR", _CACHE.name)
 
 
 def pytest_configure(config):

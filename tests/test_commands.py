@@ -106,8 +106,9 @@ def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
     assert data["note"] == "test" and set(data["models"]) == {"2"}
     rules = data["rules"]
     assert rules and all(rule["ranks"] == [2, 2] for rule in rules)
-    assert rules[0]["bytes"][0] == 0 and rules[-1]["bytes"][1] is None  # every size is covered
+    assert rules[0]["bytes"][0] == 0 and rules[-1]["bytes"][1] == 2 << 20  # what it measured, no more
     assert "which algorithm wins" in run.stdout
+    assert "the table rules sizes up to 2 MiB on 2 ranks" in run.stdout, run.stdout
     # A second rank count merges in; the first one's rules stay.
     assert run_mpiexec(3, "-m", "ringtree", "tune", "-b", "8", "-e", "8", "-o", str(table)).returncode == 0
     merged = json.loads(table.read_text())
@@ -139,7 +140,7 @@ def test_tune_merge_retunes_only_its_sizes(tmp_path):
     assert after["segments"] == before["segments"]
     assert [r for r in after["rules"] if r["ranks"] != [2, 2]] == [r for r in before["rules"] if r["ranks"] != [2, 2]]
     old, new = TuningTable(before, "before"), TuningTable(after, "after")
-    for nbytes in (0, 8, 512, 4097, 1 << 20, 1 << 30):  # outside the re-tuned sizes (512 B, 4 KiB]: as before
+    for nbytes in (0, 8, 512, 4097, 1 << 20, 256 << 20):  # outside the re-tuned sizes (512 B, 4 KiB]: as before
         assert new.match(nbytes, 2, "float32", "sum")[1]["algorithm"] == old.match(nbytes, 2, "float32", "sum")[1]["algorithm"]
     for nbytes in (1024, 4096):  # inside, at the grid's ends: the case measured fastest there
         measured = [m for m in after["measured"]["2"] if m["bytes"] == nbytes]

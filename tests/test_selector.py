@@ -79,12 +79,24 @@ def test_bad_tables_are_refused(tmp_path):
     assert TuningTable.load(str(path)).origin == "t.json"
 
 
-def test_the_packaged_table_covers_2_and_4_ranks_at_every_size():
+def test_the_packaged_table_covers_2_and_4_ranks_at_every_size_it_measured_and_no_more():
     packaged = selector.default_table()
     for nranks in (2, 4):
-        for shift in range(0, 31):
+        for shift in range(0, 29):
             assert packaged.match(1 << shift, nranks, "float32", "sum") is not None
+        assert packaged.match((256 << 20) + 1, nranks, "float32", "sum") is None
         assert nranks in packaged.models
+
+
+def test_outside_a_small_tables_sizes_the_model_chooses_as_with_no_table(table):  # table: reset after
+    # What `tune -b 8 -e 64K` writes: rules up to 64 KiB only.
+    selector.use_table(_table([{"ranks": [2, 2], "bytes": [0, 65536], "algorithm": "tree", "segment": 16384}],
+                              models={"2": {"alpha": 1e-5, "beta": 3e-10, "gamma": 2e-10}}))
+    assert select(1 << 16, 2).source.startswith("table")
+    big = select(64 << 20, 2)
+    assert big.source == "model" and big.segment != 16384
+    selector.use_table(_table([], models={"2": {"alpha": 1e-5, "beta": 3e-10, "gamma": 2e-10}}))
+    assert select(64 << 20, 2)._replace(source="") == big._replace(source="")
 
 
 def test_fit_recovers_the_parameters_it_was_made_with():
@@ -148,14 +160,14 @@ def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
            _rule((1 << 20) + 1, None, "ring", 1 << 22)]
     # re-tuned 4 KiB to 64 KiB (grid point below: 2 KiB): the ring wins up to 16 KiB, then the tree
     winners = [(4096, "ring", 1 << 22, 1.0), (16384, "ring", 1 << 22, 1.0), (65536, "tree", 1 << 21, 1.0)]
-    new = rules_from(winners, 2, 2048, open_end=False)
+    new = rules_from(winners, 2, 2048)
     assert new == [_rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21)]
     assert merged_rules(old, new, 2048, 65536) == [
         _rule(0, 1024, "recursive_doubling"), _rule(1025, 2048, "rabenseifner", 1 << 21),
         _rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21),
         _rule(65537, 1 << 20, "rabenseifner", 1 << 21), _rule((1 << 20) + 1, None, "ring", 1 << 22)]
-    # a winner the same as the old rule next to it joins it; a re-tune of the largest sizes ends open
-    joined = merged_rules(old, rules_from([(1 << 21, "ring", 1 << 22, 1.0)], 2, 1 << 20, open_end=False),
+    # a winner the same as the old rule next to it joins it (an old table's open end stays open)
+    joined = merged_rules(old, rules_from([(1 << 21, "ring", 1 << 22, 1.0)], 2, 1 << 20),
                           1 << 20, 1 << 21)
     assert joined == old
     assert merged_rules(old, [_rule(2049, 4096, "tree")], 2048, 4096)[-1] == old[-1]

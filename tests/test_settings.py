@@ -17,8 +17,15 @@ DOCS = pathlib.Path(__file__).parents[1] / "docs" / "configuration.md"
 
 
 def test_unset_and_empty_variables_give_the_defaults():
-    assert settings.read({}) == settings.Settings()
-    assert settings.read({variable.name: "" for variable in settings.VARIABLES}) == settings.Settings()
+    defaults = settings.Settings(cache_dir=os.path.join(os.path.expanduser("~"), ".cache", "ringtree"))
+    assert settings.read({}) == defaults
+    assert settings.read({variable.name: "" for variable in settings.VARIABLES}) == defaults
+
+
+def test_the_cache_directory_is_ringtree_cache_dir_else_under_xdg_cache_home_else_home():
+    assert settings.read({"RINGTREE_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x"}).cache_dir == "/c"
+    assert settings.read({"XDG_CACHE_HOME": "/x", "HOME": "/h"}).cache_dir == "/x/ringtree"
+    assert settings.read({"HOME": "/h"}).cache_dir == "/h/.cache/ringtree"
 
 
 @pytest.mark.parametrize("name, text, field, value", [
@@ -35,6 +42,8 @@ def test_unset_and_empty_variables_give_the_defaults():
     ("RINGTREE_GPU_HOST_MAX", "4096", "gpu_host_max", 4096),
     ("RINGTREE_CUDA_AWARE", "0", "cuda_aware", False),
     ("RINGTREE_CUDA_AWARE", "1", "cuda_aware", True),
+    ("RINGTREE_TUNE", "cache", "tune", "cache"),
+    ("RINGTREE_TUNE", "off", "tune", "off"),
 ])
 def test_each_variable_sets_its_field(name, text, field, value):
     assert getattr(settings.read({name: text}), field) == value
@@ -44,6 +53,7 @@ def test_each_variable_sets_its_field(name, text, field, value):
     ("RINGTREE_ALGORITHM", "butterfly"), ("RINGTREE_DEBUG", "maybe"), ("RINGTREE_CHECK", "2"),
     ("RINGTREE_TIMEOUT", "abc"), ("RINGTREE_TIMEOUT", "0"), ("RINGTREE_TIMEOUT", "-3"), ("RINGTREE_TIMEOUT", "inf"),
     ("RINGTREE_GPU_HOST_MAX", "1MiB"), ("RINGTREE_GPU_HOST_MAX", "-1"), ("RINGTREE_CUDA_AWARE", "yes"),
+    ("RINGTREE_TUNE", "always"),
 ])
 def test_a_bad_value_is_refused_naming_the_variable_and_what_it_takes(name, text):
     variable = next(v for v in settings.VARIABLES if v.name == name)

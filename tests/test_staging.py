@@ -19,6 +19,7 @@ from ringtree.schedule import OpKind
 from ringtree.schedule.pipeline import segmented
 from ringtree.schedule.staging import RECV_SLOTS, SEND_SLOTS, is_host, staged
 from ringtree.sim.verify import allreduce_schedules, verify_schedules
+from ringtree.tuning.selector import select
 
 
 @settings(max_examples=60, deadline=None)
@@ -109,7 +110,8 @@ def test_the_engine_runs_staged_and_queued_work_like_native_mpi(backend, segment
     result = data.copy() if inplace else np.full_like(data, -1)
     source = result if inplace else data
     state = comm_state(comm, None)
-    call = _plan(state, backend, algorithm, result, ReduceOp.SUM, segment)
+    choice = select(result.nbytes, state.size, result.dtype.name, "sum", algorithm, segment)
+    call = _plan(state, backend, choice, result, ReduceOp.SUM, (backend, algorithm, result.size, result.dtype, segment))
     assert any(is_host(name) for name, _ in call.compiled.schedule.scratch) == (backend.staged and comm.Get_size() > 1)
     _start(call, state, source, result, result, inplace, None).wait()
     assert np.array_equal(result, expected)

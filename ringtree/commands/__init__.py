@@ -30,6 +30,7 @@ COMMANDS = {
     "draw": ("draw", "a schedule as an SVG flow diagram: ranks as lanes, an arrow per message"),
     "plot": ("plot", "busbw against size from bench --json files, or a merged timeline with --timeline"),
     "timeline-merge": ("timeline_merge", "merge per-rank RINGTREE_TIMELINE files into one"),
+    "cache": ("cache", "what online tuning learned on this machine; --clear forgets it"),
 }
 
 

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
     if args.merge:
         below = sizes[0] // args.stepfactor if sizes[0] >= args.stepfactor else -1  # the grid point below
         rules = merged_rules([rule for rule in table["rules"] if rule["ranks"] == [nranks, nranks]],
-                             rules_from(winners, nranks, below, open_end=False), below, sizes[-1])
+                             rules_from(winners, nranks, below), below, sizes[-1])
     else:
         rules = rules_from(winners, nranks)
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
@@ -132,7 +132,10 @@ def run(args: argparse.Namespace) -> None:
     print("\nsegment size for an algorithm named in a call: " +
           ", ".join(f"{name} {format_size(segment)}" for name, segment in best_segments.items()))
     write_table(args.output, nranks, rules, params, best_segments, args.note, measurements)
-    print(f"\nwrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
+    covered = [rule["bytes"] for rule in rules]
+    print(f"\nthe table rules sizes up to {format_size(covered[-1][1])} on {nranks} ranks; "
+          "other sizes go to online tuning (RINGTREE_TUNE=online, the default), else to the fitted model")
+    print(f"wrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
 
 
 def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tuple[str, int], float]:
@@ -183,18 +186,16 @@ def _case(algorithm: str, nbytes: int, segments: dict[str, int]) -> tuple[str, i
     return algorithm, segment if nbytes > segment else 0
 
 
-def rules_from(winners: list[tuple[int, str, int, float]], nranks: int, previous: int = -1,
-               open_end: bool = True) -> list[dict]:
+def rules_from(winners: list[tuple[int, str, int, float]], nranks: int, previous: int = -1) -> list[dict]:
     """Rules for one rank count from the winner at each size: runs of one winner become one rule,
     covering the sizes above the previous grid point (the first: above `previous`) up to its last
-    grid point; with `open_end`, the last rule covers every larger size too."""
+    grid point. No rule goes past the largest size measured: a table rules only what it measured."""
     rules: list[dict] = []
-    for i, (nbytes, algorithm, segment, _) in enumerate(winners):
-        last = i == len(winners) - 1 and open_end
+    for nbytes, algorithm, segment, _ in winners:
         if rules and (rules[-1]["algorithm"], rules[-1]["segment"]) == (algorithm, segment):
-            rules[-1]["bytes"][1] = None if last else nbytes
+            rules[-1]["bytes"][1] = nbytes
         else:
-            rules.append({"ranks": [nranks, nranks], "bytes": [previous + 1, None if last else nbytes],
+            rules.append({"ranks": [nranks, nranks], "bytes": [previous + 1, nbytes],
                           "algorithm": algorithm, "segment": segment})
         previous = nbytes
     return rules

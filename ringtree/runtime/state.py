@@ -14,9 +14,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import settings
-from ..debug import configure_debug_logging
+from ..debug import configure_debug_logging, log
 from ..errors import MismatchError, TimeoutError
-from ..tuning import selector
+from ..tuning import cache, selector
+from ..tuning.online import Tuner
+from ..version import __version__
 from . import timeline
 
 _keyval: int | None = None
@@ -40,7 +42,7 @@ class CommState:
             configure_debug_logging(MPI.COMM_WORLD.Get_rank())
             if current.timeline:
                 timeline.start(current.timeline)
-            mine = f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}"
+            mine = f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}"
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         # Nonblocking, so that a rank that never comes is a timeout, not a hang.
@@ -68,6 +70,7 @@ class CommState:
         self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies in flight to other ranks' questions
         self.broken: Exception | None = None  # set by a timeout: this communicator is not to be used again
+        self.tuner = None if current.tune == "off" else _tuner(self.comm, current)
 
     def free(self) -> None:
         self.comm.Free()
@@ -78,6 +81,29 @@ class CommState:
         tag = self.calls % self.tags
         self.calls += 1
         return tag
+
+
+def _tuner(comm: MPI.Comm, current: settings.Settings) -> Tuner:
+    """Online tuning for `comm`, starting from what the cache holds for its hosts and layout: rank 0
+    reads the cache and sends it to the others, so all start alike; rank 0 writes what they commit."""
+    mpi = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    who = cache.identity(comm.allgather(MPI.Get_processor_name()), mpi, __version__)
+    path = cache.path_for(current.cache_dir, who)
+    committed = cache.parse(comm.bcast(cache.read(path) if comm.Get_rank() == 0 else None), who)
+    rank = comm.Get_rank()
+
+    def keep(key, option) -> None:
+        if rank == 0 and current.tune == "online":
+            try:
+                cache.write(path, who, tuner.committed)
+            except OSError as error:
+                log.warning("ringtree: cannot write the tuning cache %s: %s", path, error.strerror)
+
+    nranks = comm.Get_size()
+    tuner = Tuner(nranks, selector.table().model(nranks), committed, current.tune == "online", keep)
+    if committed:
+        log.info("tuning cache %s: %d choices for %d ranks", path, len(committed), nranks)
+    return tuner
 
 
 def _free(comm, keyval, state) -> int:

@@ -1,0 +1,138 @@
+"""Online tuning: the first calls of each key try the candidates, then every rank commits to the fastest.
+
+A key is what changes the winner: the message's size class (sizes from 2^(k-1)
+to 2^k - 1 bytes are class k), whether the call is in place, the element size,
+and whether the MPI library's own allreduce ("native") may run the call. The
+calls of a key take the candidates in turn, TRIALS times each; each rank keeps
+its best time per candidate. At the key's next call the ranks combine those
+times into the slowest rank's (one small allreduce) and commit to the fastest
+candidate. Every rank makes the same calls in the same order, so every rank
+tries the same candidate at the same call and commits the same choice, whatever
+its own clock said.
+
+Pure: the engine's work (waiting for trials in flight, combining the times
+over ranks) comes in as functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ..algorithms import ALGORITHMS
+from ..debug import log
+from .model import Params, predict
+
+__all__ = ["NATIVE", "TRIALS", "Key", "Option", "Tuner", "key_of", "options_for"]
+
+NATIVE = "native"  # the MPI library's own Allreduce
+TRIALS = 3  # timed calls per candidate: the first also builds the candidate's plan, so each rank keeps its best
+# Candidates the cost model predicts slower than this times its best are not tried.
+PRUNE_WITHIN = 3.0
+MAX_SCHEDULES = 8  # algorithm and segment pairs tried per key, native aside
+# Segment sizes tried, beside unsplit, for messages larger than them.
+SEGMENTS = (1 << 20, 4 << 20)
+UNSPLIT_MAX_BYTES = 16 << 20  # above this, unsplit needs scratch the size of the message: segments only
+
+
+class Key(NamedTuple):
+    size_class: int  # nbytes.bit_length()
+    in_place: bool
+    itemsize: int
+    native: bool  # native is a candidate: a blocking call, no timeout, a dtype and op MPI reduces
+
+    def __str__(self) -> str:
+        low = 1 << (self.size_class - 1) if self.size_class else 0
+        return (f"{low}-{(1 << self.size_class) - 1} B, {'in place' if self.in_place else 'out of place'}, "
+                f"{self.itemsize}-byte elements{', native allowed' if self.native else ''}")
+
+
+class Option(NamedTuple):
+    algorithm: str  # a name from ALGORITHMS, or NATIVE
+    segment: int  # bytes; 0: unsplit
+
+    def __str__(self) -> str:
+        return self.algorithm + (f" segment {self.segment >> 10} KiB" if self.segment else "")
+
+
+def key_of(nbytes: int, in_place: bool, itemsize: int, native: bool) -> Key:
+    return Key(nbytes.bit_length(), in_place, itemsize, native)
+
+
+def options_for(key: Key, nranks: int, params: Params) -> list[Option]:
+    """The candidates of a key, in an order every rank computes alike: the algorithms the model does
+    not rule out, fastest predicted first, each unsplit and with each segment size smaller than the
+    message, at most MAX_SCHEDULES in all; then native, where allowed."""
+    nbytes = (1 << key.size_class) - 1  # the class's largest message
+    splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in SEGMENTS if s < nbytes]
+    # Unsplit: the model counts a segment's messages but not the overlap it buys, so it would rule out
+    # every split; an algorithm's unsplit time stands for its splits.
+    predicted = {name: predict(name, nranks, nbytes, params) for name in ALGORITHMS}
+    best = min(predicted.values())
+    kept = sorted((name for name in ALGORITHMS if predicted[name] <= PRUNE_WITHIN * best), key=predicted.get)
+    options = [Option(name, segment) for name in kept for segment in splits][:MAX_SCHEDULES]
+    return options + ([Option(NATIVE, 0)] if key.native else [])
+
+
+class _Exploration:
+    def __init__(self, options: list[Option]) -> None:
+        self.options = options
+        self.started = 0
+        self.best = [math.inf] * len(options)  # this rank's best seconds per option
+        self.waiting: list[Callable[[], None]] = []  # trials in flight: wait for each before deciding
+
+
+class Tuner:
+    """The choice for each key on one communicator: committed ones (learned, or from the cache), and
+    the explorations under way. `explore=False` only uses what is committed."""
+
+    def __init__(self, nranks: int, params: Params, committed: dict[Key, Option], explore: bool,
+                 on_commit: Callable[[Key, Option], None]) -> None:
+        self.nranks = nranks
+        self.params = params
+        self.committed = dict(committed)
+        self.cached = set(committed)  # the keys whose choice came from the cache
+        self.explore = explore
+        self.on_commit = on_commit
+        self.explorations: dict[Key, _Exploration] = {}
+
+    def choose(self, key: Key, combine: Callable[[list[float]], list[float]]) -> tuple[Option, str, object] | None:
+        """The option for a call of `key`, why it was chosen, and the trial to record its time in
+        (None when it is not a trial); None when nothing is committed and this tuner does not explore.
+        `combine` maps this rank's times to the slowest rank's."""
+        option = self.committed.get(key)
+        if option is not None:
+            return option, "the tuning cache" if key in self.cached else "online tuning", None
+        if not self.explore:
+            return None
+        exploration = self.explorations.get(key)
+        if exploration is None:
+            exploration = self.explorations[key] = _Exploration(options_for(key, self.nranks, self.params))
+        total = TRIALS * len(exploration.options)
+        if exploration.started < total:
+            index = exploration.started % len(exploration.options)
+            exploration.started += 1
+            option = exploration.options[index]
+            log.info("tune %s: trial %d of %d: %s", key, exploration.started, total, option)
+            return option, f"trial {exploration.started} of {total}", (exploration, index)
+        for wait in exploration.waiting:
+            wait()
+        slowest = combine(exploration.best)
+        index = min(range(len(slowest)), key=lambda i: (slowest[i], i))
+        option = self.committed[key] = exploration.options[index]
+        del self.explorations[key]
+        log.info("tune %s: committed to %s; the slowest rank's best of %d: %s", key, option, TRIALS,
+                 ", ".join(f"{o} {s * 1e6:.1f} us" for o, s in zip(exploration.options, slowest)))
+        self.on_commit(key, option)
+        return option, "online tuning", None
+
+    @staticmethod
+    def record(trial, seconds: float) -> None:
+        exploration, index = trial
+        exploration.best[index] = min(exploration.best[index], seconds)
+
+    @staticmethod
+    def in_flight(trial, wait: Callable[[], None]) -> None:
+        """A nonblocking trial: the decision waits for it (its time is recorded when it finishes)."""
+        trial[0].waiting.append(wait)

@@ -1,0 +1,169 @@
+"""Online tuning: trials in turn, one choice committed on every rank from the slowest rank's times, and
+the cache that keeps it for the next job."""
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringtree
+from conftest import assert_everywhere, run_mpiexec, same_on_all_ranks
+from ringtree.runtime.state import comm_state
+from ringtree.tuning import cache
+from ringtree.tuning.model import Params
+from ringtree.tuning.online import MAX_SCHEDULES, NATIVE, TRIALS, Key, Option, Tuner, key_of, options_for
+
+PARAMS = Params(alpha=1e-5, beta=3e-10, gamma=2e-10)
+
+
+@pytest.mark.parametrize("nbytes", [8, 4096, 1 << 20, 64 << 20])
+@pytest.mark.parametrize("nranks", [2, 3, 4, 8])
+def test_the_candidates_are_the_same_for_every_call_of_a_key_and_native_comes_last_where_allowed(nbytes, nranks):
+    with_native = options_for(key_of(nbytes, False, 4, True), nranks, PARAMS)
+    without = options_for(key_of(nbytes, False, 4, False), nranks, PARAMS)
+    assert with_native == without + [Option(NATIVE, 0)]
+    assert options_for(key_of(nbytes + 1 if nbytes > 8 else 9, False, 4, False), nranks, PARAMS) == without
+    assert 1 <= len(without) <= MAX_SCHEDULES and len(set(without)) == len(without)
+    assert all(option.segment < 1 << nbytes.bit_length() for option in without)  # a call applies it if larger
+
+
+def _tuner(committed=None, explore=True):
+    commits = []
+    return Tuner(2, PARAMS, committed or {}, explore, lambda key, option: commits.append((key, option))), commits
+
+
+def test_each_candidate_is_tried_in_turn_then_the_fastest_by_the_combined_times_is_committed():
+    tuner, commits = _tuner()
+    key = key_of(4096, False, 4, True)
+    options = options_for(key, 2, PARAMS)
+    tried = []
+    for _ in range(TRIALS * len(options)):
+        option, why, trial = tuner.choose(key, None)
+        assert trial is not None and why.startswith("trial")
+        tried.append(option)
+        Tuner.record(trial, 1.0 if option == options[0] else 2.0)  # this rank finds the first fastest
+    assert tried == options * TRIALS
+    # ...but the slowest rank's times, which every rank decides from, favour the last
+    option, why, trial = tuner.choose(key, lambda mine: [3.0] * (len(mine) - 1) + [2.5])
+    assert (option, why, trial) == (options[-1], "online tuning", None)
+    assert commits == [(key, options[-1])]
+    assert tuner.choose(key, None) == (options[-1], "online tuning", None)
+
+
+def test_without_exploring_only_committed_choices_are_given():
+    cached = key_of(8, True, 8, True)
+    tuner, commits = _tuner({cached: Option("tree", 0)}, explore=False)
+    assert tuner.choose(cached, None) == (Option("tree", 0), "the tuning cache", None)
+    assert tuner.choose(key_of(1 << 20, True, 8, True), None) is None
+    assert commits == []
+
+
+def test_the_cache_keeps_choices_per_identity_and_survives_a_bad_file(tmp_path):
+    who = cache.identity(["b", "a", "b"], "MPI 1", "0.1")
+    assert who["hosts"] == ["a", "b"] and who["layout"] == [1, 0, 1]
+    path = cache.path_for(str(tmp_path), who)
+    choices = {Key(4, False, 4, True): Option(NATIVE, 0), Key(23, True, 4, False): Option("ring", 1 << 20)}
+    cache.write(path, who, choices)
+    assert cache.parse(cache.read(path), who) == choices
+    assert cache.parse(cache.read(path), {**who, "mpi": "MPI 2"}) == {}  # another MPI: a file of its own
+    assert cache.path_for(str(tmp_path), {**who, "mpi": "MPI 2"}) != path
+    cache.write(path, who, {Key(5, False, 4, True): Option("tree", 0)})  # merges with what is there
+    assert len(cache.parse(cache.read(path), who)) == 3
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    path.write_text("{not json")
+    assert cache.parse(cache.read(path), who) == {}
+    assert cache.read(tmp_path / "missing.json") == ""
+
+
+@pytest.mark.mpi
+def test_ranks_that_measure_differently_still_commit_the_same_choices_and_every_call_is_right(monkeypatch):
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    comm = world.Dup()  # a communicator of its own: a fresh tuner
+    honest = Tuner.record
+
+    def skewed(trial, seconds):  # each rank finds another candidate 100 times slower than it was
+        exploration, index = trial
+        honest(trial, seconds * (100 if index % world.Get_size() == rank else 1))
+
+    monkeypatch.setattr(Tuner, "record", staticmethod(skewed))
+    failures = []
+    rng = np.random.default_rng(rank)
+    for count in (3, 1000, 1 << 17):
+        for call in range(64):  # 32 of each key: enough to try every candidate TRIALS times
+            data = rng.integers(-1000, 1000, count).astype(np.int64)
+            expected = np.empty_like(data)
+            world.Allreduce(data, expected)
+            if call % 2:
+                result = ringtree.allreduce(data, comm=comm)
+            else:
+                result = data.copy()
+                ringtree.allreduce(MPI.IN_PLACE, result, comm=comm)
+            if not np.array_equal(result, expected):
+                failures.append(f"count {count}, call {call}")
+    tuner = comm_state(comm).tuner
+    # An earlier test's communicator of this size may have left choices in the cache: they count too.
+    keys = [key_of(count * 8, in_place, 8, True) for count in (3, 1000, 1 << 17) for in_place in (False, True)]
+    committed = [(key, tuner.committed.get(key)) for key in keys]
+    assert_everywhere(world, failures)
+    assert_everywhere(world, [] if all(option for _, option in committed) else [committed])
+    assert len(set(map(str, world.allgather(committed)))) == 1, world.allgather(committed)
+    comm.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("count", [2, 1000, 1 << 20])
+def test_the_mpi_librarys_own_allreduce_gives_every_rank_bitwise_the_same_floats(comm, count):
+    # What choosing native keeps (docs/algorithms.md): as with ringtree's algorithms, every rank
+    # holds the same bits, though MPI may add in another order than they do.
+    data = np.random.default_rng(comm.Get_rank()).standard_normal(count).astype(np.float32)
+    result = np.empty_like(data)
+    comm.Allreduce(data, result)
+    assert_everywhere(comm, [] if same_on_all_ranks(comm, result) else ["ranks differ"])
+
+
+LEARNS = """
+    import numpy as np
+    from mpi4py import MPI
+    import ringtree
+    comm = MPI.COMM_WORLD
+    for count in (2, 1000, 1 << 16):
+        data = np.arange(count, dtype=np.float32) + comm.Get_rank()
+        expected = np.empty_like(data)
+        comm.Allreduce(data, expected)
+        for call in range(40):
+            assert np.array_equal(ringtree.allreduce(data), expected), (count, call)
+"""
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+def test_a_second_job_starts_from_the_cache_with_no_trial_and_the_command_shows_and_clears_it(tmp_path):
+    env = {"RINGTREE_CACHE_DIR": str(tmp_path), "RINGTREE_DEBUG": "1"}
+    first = run_mpiexec(2, "-c", textwrap.dedent(LEARNS), env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("committed to") == 3 and "trial 1 of" in first.stderr, first.stderr
+    [path] = list(tmp_path.glob("*.json"))
+    assert len(json.loads(path.read_text())["choices"]) == 3
+
+    second = run_mpiexec(2, "-c", textwrap.dedent(LEARNS), env=env)
+    assert second.returncode == 0, second.stderr
+    choices = [line for line in second.stderr.splitlines() if line.startswith("ringtree: allreduce")]
+    assert len(choices) == 3 and all("from the tuning cache" in line for line in choices), second.stderr
+    assert "trial" not in second.stderr and "committed" not in second.stderr
+
+    for mode in ("off", "cache"):  # neither tries nor writes; off does not read the cache either
+        empty = tmp_path / mode
+        run = run_mpiexec(2, "-c", textwrap.dedent(LEARNS), env={**env, "RINGTREE_TUNE": mode,
+                                                                  "RINGTREE_CACHE_DIR": str(empty)})
+        assert run.returncode == 0, run.stderr
+        assert "trial" not in run.stderr and not empty.exists(), run.stderr
+
+    shown = run_mpiexec(1, "-m", "ringtree", "cache", env=env)
+    assert shown.returncode == 0 and f"{path}: 2 ranks on" in shown.stdout, shown.stdout + shown.stderr
+    assert "out of place, 4-byte elements, native allowed:" in shown.stdout
+    cleared = run_mpiexec(1, "-m", "ringtree", "cache", "--clear", env=env)
+    assert cleared.returncode == 0 and "deleted 1 tuning cache file" in cleared.stdout
+    assert not path.exists()
+
