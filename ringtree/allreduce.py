@@ -7,7 +7,6 @@ input raises TypeError or ValueError and leaves the buffers untouched.
 from __future__ import annotations
 
 import inspect
-import numbers
 import sys
 import time
 import types
@@ -17,11 +16,11 @@ import numpy as np
 from mpi4py import MPI
 
 from . import settings
-from .algorithms import ALGORITHMS
-from .errors import MismatchError, PeerFailure
-from .ops import ReduceOp, check_dtype, known_op, parse_op
+from .checks import checked, checked_timeout
+from .errors import MismatchError, PeerFailure, TimeoutError
+from .ops import ReduceOp, known_op
 from .runtime import reliability, timeline
-from .runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
+from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, Execution
 from .runtime.native import NativePlan, native_plan, reduces, run_native
@@ -33,6 +32,8 @@ from .tuning.online import NATIVE, Tuner, key_of
 from .tuning.selector import WINDOW, Choice, log_choice, runs_stepwise, select, table
 
 __all__ = ["allreduce", "iallreduce", "Request"]
+
+IN_PLACE = MPI.IN_PLACE
 
 
 class Request:
@@ -89,6 +90,11 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     repeat = _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if repeat is not None:
         call, state, steps, source, target, inplace = repeat
+        if steps is None:  # native, and nothing in flight: as fast as the MPI library's own call
+            state.comm.Allreduce(IN_PLACE if inplace else source, target, call.op)
+            if call.average:
+                call.divide(target, state.size)
+            return recvbuf
     else:
         call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
             sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, True)
@@ -104,7 +110,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             state.repeats[_op_key(op), algorithm, target.dtype, target.size, inplace] = call
     started = time.perf_counter()
     if type(call) is NativePlan:
-        run_native(call, state.comm, source, target, inplace, state.size)
+        run_native(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
     else:
         # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
         reduce, copy, divide = call.bound
@@ -211,13 +217,13 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blo
     ranks on the call; return what a call needs, and the online tuning trial it is, if any."""
     if comm is None:
         comm = MPI.COMM_WORLD
-    sendbuf, recvbuf, reduce_op, backend, inplace = _checked(sendbuf, recvbuf, op, comm, algorithm, segment)
+    sendbuf, recvbuf, reduce_op, backend, inplace = checked(sendbuf, recvbuf, op, comm, algorithm, segment)
     try:
         current = settings.current()
     except settings.SettingError as error:
         comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
         raise settings.SettingError(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
-    timeout = _checked_timeout(timeout, comm, current.timeout)
+    timeout = checked_timeout(timeout, comm, current.timeout)
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
                         f"got {check!r}")
@@ -269,7 +275,21 @@ def _tuned_plan(state, comm, backend, target, reduce_op, inplace, native, timeou
     elif trial is not None:
         log_choice(Choice(option.algorithm, option.segment, False, why), target.nbytes, state.size, target.dtype,
                    reduce_op.value)
+    if trial is not None:
+        _line_up(state, timeout)
     return call, trial
+
+
+def _line_up(state, timeout) -> None:
+    """Start a trial on every rank together, so that its time is the call's and not a rank's wait for
+    a later one: a barrier, waited for while the collectives in flight progress."""
+    request = state.comm.Ibarrier()
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    while not request.Test():
+        IN_FLIGHT.poll()
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutError(f"ringtree allreduce on rank {state.rank}: not every rank came to the barrier before "
+                               f"a tuning trial within {timeout:g} s")
 
 
 def _plan(state, backend, choice, target, reduce_op, plan_key) -> CallPlan | NativePlan:
@@ -310,79 +330,6 @@ def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -
     if trial is not None:
         Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
     return Request(execution, recvbuf)
-
-
-def _checked(sendbuf, recvbuf, op, comm, algorithm, segment):
-    """Validate the arguments; return (sendbuf, recvbuf or None, ReduceOp, backend, in place?).
-
-    Every call but a repeat (_repeat) runs this, so the common case (numpy arrays, a
-    predefined op) takes the fewest steps."""
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"ringtree allreduce: comm must be an intracommunicator, got {comm!r}")
-    try:
-        reduce_op = parse_op(op)
-        if algorithm != "auto" and algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; use 'auto' or one of {sorted(ALGORITHMS)}")
-        if segment is not None and not (isinstance(segment, numbers.Integral) and segment >= 1):
-            raise ValueError(f"segment must be a positive number of bytes, got {segment!r}")
-        if sendbuf is MPI.IN_PLACE:
-            if recvbuf is None:
-                raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
-            sendbuf = recvbuf
-        backend = NumpyBackend if type(sendbuf) is np.ndarray else _array_backend(sendbuf, "sendbuf")
-        if not sendbuf.flags.c_contiguous:
-            raise _not_contiguous("sendbuf", sendbuf)
-        check_dtype(sendbuf.dtype, reduce_op)
-        backend.check(sendbuf, "sendbuf", reduce_op)
-        if recvbuf is None:
-            return sendbuf, None, reduce_op, backend, False
-        if recvbuf is sendbuf:
-            inplace = True
-        else:
-            if type(recvbuf) is not type(sendbuf) and _array_backend(recvbuf, "recvbuf") is not backend:
-                raise TypeError(f"sendbuf is a {_type_name(sendbuf)} but recvbuf is a {_type_name(recvbuf)}")
-            if not recvbuf.flags.c_contiguous:
-                raise _not_contiguous("recvbuf", recvbuf)
-            if recvbuf.dtype != sendbuf.dtype:
-                raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
-            if recvbuf.shape != sendbuf.shape:
-                raise ValueError(f"sendbuf has shape {sendbuf.shape} but recvbuf has shape {recvbuf.shape}")
-            backend.check(recvbuf, "recvbuf", reduce_op)
-            aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
-            if aliasing == "overlap":
-                raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
-            inplace = aliasing == "same"
-        if not backend.writeable(recvbuf):
-            raise ValueError("recvbuf is read-only")
-        return sendbuf, recvbuf, reduce_op, backend, inplace
-    except (TypeError, ValueError, NoDevice) as error:
-        raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
-
-
-def _checked_timeout(timeout, comm, default):
-    if timeout is None:
-        return default
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
-        raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: timeout must be a positive number "
-                         f"of seconds, got {timeout!r}")
-    return float(timeout)
-
-
-def _array_backend(buf, name):
-    backend = backend_for(buf)
-    if backend is None:
-        raise TypeError(f"{name} must be a numpy or CuPy array, got {_type_name(buf)}")
-    return backend
-
-
-def _type_name(value) -> str:
-    cls = type(value)
-    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _not_contiguous(name, buf) -> ValueError:
-    return ValueError(f"{name} is not C-contiguous (strides {buf.strides} for shape {buf.shape}); "
-                      "pass a contiguous copy, e.g. numpy.ascontiguousarray")
 
 
 class _CallableModule(types.ModuleType):

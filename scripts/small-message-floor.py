@@ -13,7 +13,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringtree.allreduce import _checked, allreduce
+from ringtree.allreduce import allreduce
+from ringtree.checks import checked
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
     out, incoming = np.empty_like(data), np.empty_like(data)
 
     def floor():
-        _checked(data, out, MPI.SUM, comm, "auto", None)
+        checked(data, out, MPI.SUM, comm, "auto", None)
         private.Sendrecv([data, MPI.BYTE], other, 7, [incoming, MPI.BYTE], other, 7)
         np.add(data, incoming, out=out)
 

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from conftest import assert_everywhere
+from conftest import assert_everywhere, same_on_all_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -54,7 +54,9 @@ def test_buffer_specifications(comm, spec):
     data = np.linspace(0, 1, 6) + comm.Get_rank()
     out = np.zeros(6)
     rt.Allreduce(spec(data), spec(out))
-    assert_everywhere(comm, [] if np.array_equal(out, _native(comm, data)) else [f"got {out}"])
+    # Floats: another algorithm than MPI's adds in another order, so close to native, and the same bits everywhere.
+    right = np.allclose(out, _native(comm, data), rtol=1e-12, atol=0) and same_on_all_ranks(comm, out)
+    assert_everywhere(comm, [] if right else [f"got {out}"])
 
 
 def test_datatype_in_the_specification_wins_over_the_array_dtype(comm):

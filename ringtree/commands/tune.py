@@ -7,7 +7,12 @@ per call; the median over repetitions in shuffled order), checking each result
 against the MPI library's own allreduce. It goes over the grid twice, up and
 then down, and averages. It then fits the α-β-γ model to all the timings, prints which
 algorithm wins from which size, and writes the rules for this rank count into
-the table file, keeping the rules it holds for other rank counts.
+the table file, keeping the rules it holds for other rank counts. Native MPI
+is timed at each size too, and the fastest case at each size, native among
+them, goes into the tuning cache (RINGTREE_CACHE_DIR), in the format online
+tuning writes, so a later job on these hosts and ranks starts from it. The
+table rules only the sizes of the grid: others go to online tuning, else to
+the model.
 
 With --merge it re-tunes only the sizes of its grid, in a table that already
 has rules for this rank count: each algorithm runs with the table's segment
@@ -29,9 +34,13 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from .. import settings
 from ..algorithms import ALGORITHMS
 from ..allreduce import allreduce
+from ..runtime.state import cache_identity
+from ..tuning import cache
 from ..tuning.model import fit
+from ..tuning.online import NATIVE, Option, key_of
 from ..tuning.selector import FORMAT, SEGMENT_BYTES
 from .arguments import at_least, comma_list, format_size, output_path, parse_size, positive, size_list, sizes_from_args
 from .measure import exact_inputs, in_pass_order, time_in_turns
@@ -42,6 +51,7 @@ SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
 BLIP_WITHIN = 0.05
 # Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
 UNSPLIT_MAX_BYTES = 16 << 20
+NATIVE_CASE = (NATIVE, 0)  # timed at every size too, for the tuning cache
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +98,7 @@ def run(args: argparse.Namespace) -> None:
     progress = None
     if rank == 0:
         from tqdm import tqdm
-        progress = tqdm(total=args.passes * sum(len(cases(s)) for s in sizes), unit="case",
+        progress = tqdm(total=args.passes * sum(len(cases(s)) + 1 for s in sizes), unit="case",
                         desc=f"tune {nranks} ranks")
     # Each pass times the whole grid, the second from the largest size down; a case's time is the
     # mean over passes, so a choice rests on the machine at more than one moment.
@@ -100,11 +110,16 @@ def run(args: argparse.Namespace) -> None:
                 progress.update(len(passes[nbytes][-1]))
     if progress is not None:
         progress.close()
+    who = cache_identity(comm)
     if rank != 0:
         return
 
     mean = {nbytes: {case: float(np.mean([p[case] for p in runs])) for case in runs[0]}
             for nbytes, runs in passes.items()}
+    if settings.current().tune != "off":
+        _keep_in_cache(who, mean)
+    for timed in mean.values():
+        del timed[NATIVE_CASE]  # a candidate of online tuning, not of the table's algorithms
     measurements = [(alg, nranks, nbytes, seg, seconds)
                     for nbytes, timed in mean.items() for (alg, seg), seconds in timed.items()]
     if args.merge:  # the times of the sizes not re-tuned stay, and the model is fitted to all
@@ -138,13 +153,28 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
 
 
+def _keep_in_cache(who: dict, mean: dict[int, dict[tuple[str, int], float]]) -> None:
+    """The fastest case at each size, native MPI among them, into the tuning cache, as online tuning
+    would have committed it for a blocking out-of-place float32 call: a later job on these hosts and
+    ranks starts from them."""
+    path = cache.path_for(settings.current().cache_dir, who)
+    choices = {key_of(nbytes, False, 4, True): Option(*min(timed, key=timed.get)) for nbytes, timed in mean.items()}
+    try:
+        cache.write(path, who, choices)
+    except OSError as error:
+        print(f"could not write the tuning cache {path}: {error.strerror}")
+        return
+    print(f"kept the fastest at each size, native MPI among them, in the tuning cache {path}")
+
+
 def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tuple[str, int], float]:
-    """Median seconds per call of each case, the slowest rank's, timed in turns."""
+    """Median seconds per call of each case and of native MPI, the slowest rank's, timed in turns."""
     data, expected = exact_inputs(comm, max(1, nbytes // 4), np.float32)
     out = np.empty_like(data)
     calls = {case: (lambda alg=case[0], seg=case[1]: allreduce(data, out, comm=comm, algorithm=alg,
                                                                 segment=seg or 1 << 62))
              for case in cases}
+    calls[NATIVE_CASE] = lambda: comm.Allreduce(data, out)
     wrong = []
     for case, call in calls.items():
         call()

@@ -36,7 +36,15 @@ def native_plan(op: ReduceOp, divide) -> NativePlan:
     return NativePlan(MPI_OP[op], op is ReduceOp.AVG, divide)
 
 
-def run_native(plan: NativePlan, comm, source, target, in_place: bool, nranks: int) -> None:
-    comm.Allreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
+def run_native(plan: NativePlan, comm, source, target, in_place: bool, nranks: int, in_flight) -> None:
+    """MPI's Allreduce; with ringtree collectives `in_flight` (engine.InFlight), its nonblocking form,
+    waited for while they progress: a rank blocked in MPI would leave ranks that wait on them waiting."""
+    send = MPI.IN_PLACE if in_place else source
+    if in_flight.requests or in_flight.queued:
+        request = comm.Iallreduce(send, target, plan.op)
+        while not request.Test():
+            in_flight.poll()
+    else:
+        comm.Allreduce(send, target, plan.op)
     if plan.average:
         plan.divide(target, nranks)

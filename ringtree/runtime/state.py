@@ -83,11 +83,16 @@ class CommState:
         return tag
 
 
+def cache_identity(comm: MPI.Comm) -> dict:
+    """The tuning cache's identity of `comm` (tuning/cache.py); collective."""
+    mpi = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    return cache.identity(comm.allgather(MPI.Get_processor_name()), mpi, __version__)
+
+
 def _tuner(comm: MPI.Comm, current: settings.Settings) -> Tuner:
     """Online tuning for `comm`, starting from what the cache holds for its hosts and layout: rank 0
     reads the cache and sends it to the others, so all start alike; rank 0 writes what they commit."""
-    mpi = " ".join(MPI.Get_library_version().splitlines()[0].split())
-    who = cache.identity(comm.allgather(MPI.Get_processor_name()), mpi, __version__)
+    who = cache_identity(comm)
     path = cache.path_for(current.cache_dir, who)
     committed = cache.parse(comm.bcast(cache.read(path) if comm.Get_rank() == 0 else None), who)
     rank = comm.Get_rank()
