@@ -33,7 +33,8 @@ from .tuning.selector import WINDOW, Choice, log_choice, runs_stepwise, select, 
 
 __all__ = ["allreduce", "iallreduce", "Request"]
 
-IN_PLACE = MPI.IN_PLACE
+# Looked up once: the repeat path counts every 0.1 µs.
+IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
 
 class Request:
@@ -90,10 +91,8 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     repeat = _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if repeat is not None:
         call, state, steps, source, target, inplace = repeat
-        if steps is None:  # native, and nothing in flight: as fast as the MPI library's own call
-            state.comm.Allreduce(IN_PLACE if inplace else source, target, call.op)
-            if call.average:
-                call.divide(target, state.size)
+        if steps is None:  # native
+            run_native(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
             return recvbuf
     else:
         call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
@@ -132,12 +131,12 @@ def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     what may differ between such calls is checked: the arrays' layout, writability and overlap.
     Returns (call plan, state, steps, source, target, in place), or None for `_prepare` to check the
     call in full."""
-    if (type(recvbuf) is not np.ndarray or segment is not None or check is not None or timeout is not None
+    if (type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
             or type(algorithm) is not str or IN_FLIGHT.requests or IN_FLIGHT.queued
-            or (MPI.COMM_WORLD if comm is None else comm) is not LAST[0]):
+            or (WORLD if comm is None else comm) is not LAST[0]):
         return None
     state = LAST[1]
-    inplace = sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
+    inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
     # The key as _op_key gives it, inlined: this path counts every 0.1 µs.
     call = state.repeats.get((op if type(op) is str else id(op), algorithm, recvbuf.dtype, recvbuf.size, inplace))
     flags = recvbuf.flags
@@ -146,7 +145,7 @@ def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     if inplace:
         return call, state, call.in_place_steps, target, target, True
-    if type(sendbuf) is not np.ndarray or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
+    if type(sendbuf) is not NDARRAY or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
         return None
     flags = sendbuf.flags
     if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
@@ -272,18 +271,21 @@ def _tuned_plan(state, comm, backend, target, reduce_op, inplace, native, timeou
         segment = option.segment if target.nbytes > option.segment else 0
         stepwise = option.algorithm != NATIVE and runs_stepwise(option.algorithm, target.nbytes, segment)
         call = _plan(state, backend, Choice(option.algorithm, segment, stepwise, why), target, reduce_op, plan_key)
-    elif trial is not None:
-        log_choice(Choice(option.algorithm, option.segment, False, why), target.nbytes, state.size, target.dtype,
-                   reduce_op.value)
-    if trial is not None:
+    if trial is not None and key.size_class <= LINE_UP_CLASS:
         _line_up(state, timeout)
     return call, trial
+
+
+# Trials of messages under 64 KiB start together (_line_up): their few microseconds would be mostly
+# the ranks' skew. Larger ones are timed as they come, back to back with the calls before them, as
+# a program runs them (after a barrier, a 256 KiB Rabenseifner in place took half its time in a loop).
+LINE_UP_CLASS = 16
 
 
 def _line_up(state, timeout) -> None:
     """Start a trial on every rank together, so that its time is the call's and not a rank's wait for
     a later one: a barrier, waited for while the collectives in flight progress."""
-    request = state.comm.Ibarrier()
+    request = state.comm.Ibarrier()  # never Barrier: a rank with collectives in flight must poll, and the two do not match
     deadline = None if timeout is None else time.perf_counter() + timeout
     while not request.Test():
         IN_FLIGHT.poll()

@@ -10,7 +10,7 @@ from conftest import assert_everywhere, same_on_all_ranks, value_bits
 from ringtree.algorithms import ALGORITHMS as CATALOGUE
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.ops import ReduceOp, check_dtype
-from ringtree.tuning.online import MAX_SCHEDULES, TRIALS
+from ringtree.tuning.online import MAX_SCHEDULES, TRIALS_SMALL
 
 pytestmark = pytest.mark.mpi
 
@@ -187,7 +187,7 @@ def test_every_op_and_dtype_on_five_ranks_and_the_rest(comm, algorithm):
 def test_random_floats_are_bitwise_equal_on_all_ranks_and_repeatable(comm, algorithm):
     data = np.random.default_rng(comm.Get_rank()).standard_normal((3, 1000, 7)).astype(np.float32)
     if algorithm == "auto":  # while online tuning tries candidates, each adds in its own order: repeatable once committed
-        for _ in range(TRIALS * (MAX_SCHEDULES + 1) + 1):
+        for _ in range(TRIALS_SMALL * (MAX_SCHEDULES + 1) + 1):
             allreduce(data, comm=comm)
     first = allreduce(data, comm=comm, algorithm=algorithm)
     again = allreduce(data, comm=comm, algorithm=algorithm)

@@ -37,14 +37,15 @@ def native_plan(op: ReduceOp, divide) -> NativePlan:
 
 
 def run_native(plan: NativePlan, comm, source, target, in_place: bool, nranks: int, in_flight) -> None:
-    """MPI's Allreduce; with ringtree collectives `in_flight` (engine.InFlight), its nonblocking form,
-    waited for while they progress: a rank blocked in MPI would leave ranks that wait on them waiting."""
-    send = MPI.IN_PLACE if in_place else source
+    """MPI's Iallreduce, waited for while ringtree's collectives `in_flight` (engine.InFlight)
+    progress: a rank blocked in MPI would leave the ranks that wait on those waiting. Nonblocking on
+    every rank, with or without collectives in flight, as MPI matches a nonblocking collective only
+    with nonblocking ones."""
+    request = comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
     if in_flight.requests or in_flight.queued:
-        request = comm.Iallreduce(send, target, plan.op)
         while not request.Test():
             in_flight.poll()
     else:
-        comm.Allreduce(send, target, plan.op)
+        request.Wait()
     if plan.average:
         plan.divide(target, nranks)

@@ -3,7 +3,7 @@
 A key is what changes the winner: the message's size class (sizes from 2^(k-1)
 to 2^k - 1 bytes are class k), whether the call is in place, the element size,
 and whether the MPI library's own allreduce ("native") may run the call. The
-calls of a key take the candidates in turn, TRIALS times each; each rank keeps
+calls of a key take the candidates in turn, trials(key) times each; each rank keeps
 its best time per candidate. At the key's next call the ranks combine those
 times into the slowest rank's (one small allreduce) and commit to the fastest
 candidate. Every rank makes the same calls in the same order, so every rank
@@ -24,10 +24,14 @@ from ..algorithms import ALGORITHMS
 from ..debug import log
 from .model import Params, predict
 
-__all__ = ["NATIVE", "TRIALS", "Key", "Option", "Tuner", "key_of", "options_for"]
+__all__ = ["NATIVE", "TRIALS", "TRIALS_SMALL", "Key", "trials", "Option", "Tuner", "key_of", "options_for"]
 
 NATIVE = "native"  # the MPI library's own Allreduce
-TRIALS = 3  # timed calls per candidate: the first also builds the candidate's plan, so each rank keeps its best
+# Timed calls per candidate (the first also builds the candidate's plan, so each rank keeps its best):
+# more below 1 MiB, where a call is short and one call's time noisy.
+TRIALS = 3
+TRIALS_SMALL = 7
+SMALL_CLASS = 20  # size classes up to this one (messages under 1 MiB) take TRIALS_SMALL
 # Candidates the cost model predicts slower than this times its best are not tried.
 PRUNE_WITHIN = 3.0
 MAX_SCHEDULES = 8  # algorithm and segment pairs tried per key, native aside
@@ -54,6 +58,10 @@ class Option(NamedTuple):
 
     def __str__(self) -> str:
         return self.algorithm + (f" segment {self.segment >> 10} KiB" if self.segment else "")
+
+
+def trials(key: Key) -> int:
+    return TRIALS_SMALL if key.size_class <= SMALL_CLASS else TRIALS
 
 
 def key_of(nbytes: int, in_place: bool, itemsize: int, native: bool) -> Key:
@@ -109,20 +117,21 @@ class Tuner:
         exploration = self.explorations.get(key)
         if exploration is None:
             exploration = self.explorations[key] = _Exploration(options_for(key, self.nranks, self.params))
-        total = TRIALS * len(exploration.options)
+            # Logged now and at the commitment, not at each trial: rank 0's logging would be in the times.
+            log.info("tune %s: trials of %d calls each, in a row: %s", key, trials(key),
+                     ", ".join(map(str, exploration.options)))
+        total = trials(key) * len(exploration.options)
         if exploration.started < total:
-            index = exploration.started % len(exploration.options)
+            index = exploration.started // trials(key)  # calls in a row: what a committed choice runs
             exploration.started += 1
-            option = exploration.options[index]
-            log.info("tune %s: trial %d of %d: %s", key, exploration.started, total, option)
-            return option, f"trial {exploration.started} of {total}", (exploration, index)
+            return exploration.options[index], "a trial", (exploration, index)
         for wait in exploration.waiting:
             wait()
         slowest = combine(exploration.best)
         index = min(range(len(slowest)), key=lambda i: (slowest[i], i))
         option = self.committed[key] = exploration.options[index]
         del self.explorations[key]
-        log.info("tune %s: committed to %s; the slowest rank's best of %d: %s", key, option, TRIALS,
+        log.info("tune %s: committed to %s; the trials' times (the slowest rank's best of %d): %s", key, option, trials(key),
                  ", ".join(f"{o} {s * 1e6:.1f} us" for o, s in zip(exploration.options, slowest)))
         self.on_commit(key, option)
         return option, "online tuning", None
