@@ -13,8 +13,9 @@ from ringtree.tuning.model import Params, coefficients, fit, predict
 from ringtree.tuning.selector import SEGMENT_BYTES, TuningTable, select
 
 
-def _table(rules, models=None):
-    return TuningTable({"format": selector.FORMAT, "rules": rules, "models": models or {}}, "test.json")
+def _table(rules, models=None, segments=None):
+    return TuningTable({"format": selector.FORMAT, "rules": rules, "models": models or {}, "segments": segments or {}},
+                       "test.json")
 
 
 @pytest.fixture
@@ -91,10 +92,12 @@ def test_the_packaged_table_covers_2_and_4_ranks_at_every_size_it_measured_and_n
 def test_outside_a_small_tables_sizes_the_model_chooses_as_with_no_table(table):  # table: reset after
     # What `tune -b 8 -e 64K` writes: rules up to 64 KiB only.
     selector.use_table(_table([{"ranks": [2, 2], "bytes": [0, 65536], "algorithm": "tree", "segment": 16384}],
-                              models={"2": {"alpha": 1e-5, "beta": 3e-10, "gamma": 2e-10}}))
+                              models={"2": {"alpha": 1e-5, "beta": 3e-10, "gamma": 2e-10}},
+                              segments={"2": {name: 16384 for name in ALGORITHMS}}))
     assert select(1 << 16, 2).source.startswith("table")
+    assert select(1 << 16, 2, algorithm="ring").segment == 16384  # its segment sizes too, where it measured
     big = select(64 << 20, 2)
-    assert big.source == "model" and big.segment != 16384
+    assert big.source == "model" and big.segment == SEGMENT_BYTES  # not 16 KiB: 4096 pieces of 64 MiB
     selector.use_table(_table([], models={"2": {"alpha": 1e-5, "beta": 3e-10, "gamma": 2e-10}}))
     assert select(64 << 20, 2)._replace(source="") == big._replace(source="")
 

@@ -99,11 +99,21 @@ class TuningTable:
             return FALLBACK_MODEL
         return self.models[_nearest(self.models, nranks)]
 
-    def segment(self, nranks: int, algorithm: str) -> int:
-        """The measured segment size for `algorithm` at the nearest rank count, else the default."""
+    def segment(self, nranks: int, algorithm: str, nbytes: int) -> int:
+        """The measured segment size for `algorithm` at the nearest rank count, for sizes no larger
+        than the table's rules for it cover (a segment that did best at 64 KiB would cut 64 MiB into
+        4096 pieces); else the default."""
         if not self.segments:
             return SEGMENT_BYTES
-        return self.segments[_nearest(self.segments, nranks)].get(algorithm, SEGMENT_BYTES)
+        nearest = _nearest(self.segments, nranks)
+        if nbytes > self.covered(nearest):
+            return SEGMENT_BYTES
+        return self.segments[nearest].get(algorithm, SEGMENT_BYTES)
+
+    def covered(self, nranks: int) -> float:
+        """The largest size the rules for `nranks` cover (an old table's open end: no limit)."""
+        ends = [rule["bytes"][1] for rule in self.rules if rule["ranks"][0] <= nranks <= rule["ranks"][1]]
+        return max((float("inf") if end is None else end for end in ends), default=0)
 
 
 def _nearest(by_ranks: dict, nranks: int) -> int:
@@ -160,10 +170,10 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
         else:
             params = table().model(nranks)
             algorithm = min(ALGORITHMS, key=lambda name: predict(
-                name, nranks, nbytes, params, segment or table().segment(nranks, name)))
+                name, nranks, nbytes, params, segment or table().segment(nranks, name, nbytes)))
             source = "model"
     if segment is None:
-        segment = table().segment(nranks, algorithm)
+        segment = table().segment(nranks, algorithm, nbytes)
     segment = segment if nbytes > segment else 0
     return Choice(algorithm, segment, runs_stepwise(algorithm, nbytes, segment), source)
 
