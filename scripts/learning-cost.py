@@ -30,6 +30,26 @@ def timed(comm, call, calls: int) -> float:
     return comm.allreduce(time.perf_counter() - start, MPI.MAX)
 
 
+def measure(world, nbytes: int, args):
+    """(the committed choice, seconds of the learning calls, seconds of as many calls of the choice)."""
+    comm = world.Dup()
+    data = np.ones(nbytes // 4, np.float32)
+    out = np.empty_like(data)
+    send = MPI.IN_PLACE if args.inplace else data
+    learning = timed(comm, lambda: allreduce(send, out, comm=comm), args.calls)
+    option = comm_state(comm).tuner.committed[key_of(nbytes, args.inplace, 4, True)]
+    if option.algorithm == NATIVE:
+        def final():
+            comm.Allreduce(send, out)
+    else:
+        def final():
+            allreduce(send, out, comm=comm, algorithm=option.algorithm, segment=option.segment or 1 << 62)
+    final()
+    baseline = float(np.median([timed(comm, final, args.calls) for _ in range(3)]))
+    comm.Free()
+    return option, learning, baseline
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=50, help="calls per size")
@@ -46,26 +66,12 @@ def main() -> None:
         print("|---:|---|---:|---:|---:|---:|")
     total_learning = total_final = 0.0
     for nbytes in size_grid(args.minbytes, args.maxbytes, args.stepfactor):
-        comm = world.Dup()
-        data = np.ones(nbytes // 4, np.float32)
-        out = np.empty_like(data)
-        send = MPI.IN_PLACE if args.inplace else data
-        learning = timed(comm, lambda: allreduce(send, out, comm=comm), args.calls)
-        option = comm_state(comm).tuner.committed[key_of(nbytes, args.inplace, 4, True)]
-        if option.algorithm == NATIVE:
-            def final():
-                comm.Allreduce(send, out)
-        else:
-            def final():
-                allreduce(send, out, comm=comm, algorithm=option.algorithm, segment=option.segment or 1 << 62)
-        final()
-        baseline = float(np.median([timed(comm, final, args.calls) for _ in range(3)]))
+        option, learning, baseline = measure(world, nbytes, args)
         total_learning += learning
         total_final += baseline
         if world.Get_rank() == 0:
             print(f"| {format_size(nbytes)} | {option} | {learning * 1e3:.2f} | {baseline * 1e3:.2f} | "
                   f"{(learning - baseline) * 1e3:+.2f} | {learning / baseline - 1:+.0%} |", flush=True)
-        comm.Free()
     if world.Get_rank() == 0:
         print(f"\nall sizes: {total_learning * 1e3:.1f} ms learning, {total_final * 1e3:.1f} ms committed from the "
               f"start, {(total_learning - total_final) * 1e3:+.1f} ms extra")
