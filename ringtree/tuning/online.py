@@ -3,8 +3,8 @@
 A key is what changes the winner: the message's size class (sizes from 2^(k-1)
 to 2^k - 1 bytes are class k), whether the call is in place, the element size,
 and whether the MPI library's own allreduce ("native") may run the call. The
-calls of a key take the candidates in turn, trials(key) times each; each rank keeps
-its best time per candidate. At the key's next call the ranks combine those
+calls of a key take the candidates one after another, trials(key) calls in a
+row each; each rank keeps its best time per candidate. At the key's next call the ranks combine those
 times into the slowest rank's (one small allreduce) and commit to the fastest
 candidate. Every rank makes the same calls in the same order, so every rank
 tries the same candidate at the same call and commits the same choice, whatever
