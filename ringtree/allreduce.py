@@ -29,7 +29,7 @@ from .runtime.stepwise import run_stepwise
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
-from .tuning.selector import WINDOW, Choice, log_choice, runs_stepwise, select, table
+from .tuning.selector import WINDOW, choice_of, log_choice, select, table
 
 __all__ = ["allreduce", "iallreduce", "Request"]
 
@@ -268,9 +268,8 @@ def _tuned_plan(state, comm, backend, target, reduce_op, inplace, native, timeou
     plan_key = (backend, option, target.size, target.dtype, reduce_op)
     call = state.plans.get(plan_key)
     if call is None:
-        segment = option.segment if target.nbytes > option.segment else 0
-        stepwise = option.algorithm != NATIVE and runs_stepwise(option.algorithm, target.nbytes, segment)
-        call = _plan(state, backend, Choice(option.algorithm, segment, stepwise, why), target, reduce_op, plan_key)
+        call = _plan(state, backend, choice_of(option.algorithm, target.nbytes, option.segment, why), target, reduce_op,
+                     plan_key)
     if trial is not None and key.size_class <= LINE_UP_CLASS:
         _line_up(state, timeout)
     return call, trial

@@ -34,12 +34,13 @@ def run(args: argparse.Namespace) -> None:
         print(f"deleted {len(paths)} tuning cache file{'s' * (len(paths) != 1)} in {directory}")
         return
     for path in paths:
+        text = cache.read(path)
         try:
-            who = json.loads(cache.read(path))["identity"]
+            who = json.loads(text)["identity"]
         except (ValueError, KeyError, TypeError):
             print(f"{path}: not a ringtree tuning cache (run with --clear to delete it)")
             continue
-        choices = cache.parse(cache.read(path), who)
+        choices = cache.parse(text, who)
         print(f"{path}: {len(who['layout'])} ranks on {', '.join(who['hosts'])}; {who['mpi']}; ringtree {who['ringtree']}")
         for key, option in sorted(choices.items()):
             print(f"  {key}: {option}")

@@ -36,7 +36,7 @@ from ..algorithms import ALGORITHMS
 from ..debug import log
 from .model import Params, predict
 
-__all__ = ["Choice", "TuningTable", "select", "runs_stepwise", "use_table", "table", "identity", "log_choice",
+__all__ = ["Choice", "TuningTable", "select", "choice_of", "runs_stepwise", "use_table", "table", "identity", "log_choice",
            "STEPWISE_MAX_BYTES", "SEGMENT_BYTES", "WINDOW", "FALLBACK_MODEL", "FORMAT"]
 
 # Up to these sizes a blocking call of an unsegmented schedule takes the stepwise path
@@ -174,6 +174,11 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
             source = "model"
     if segment is None:
         segment = table().segment(nranks, algorithm, nbytes)
+    return choice_of(algorithm, nbytes, segment, source)
+
+
+def choice_of(algorithm: str, nbytes: int, segment: int, source: str) -> Choice:
+    """The Choice that runs `algorithm` with `segment`: unsplit where the message is no larger."""
     segment = segment if nbytes > segment else 0
     return Choice(algorithm, segment, runs_stepwise(algorithm, nbytes, segment), source)
 
