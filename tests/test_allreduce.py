@@ -9,7 +9,9 @@ from mpi4py import MPI
 from conftest import assert_everywhere, same_on_all_ranks, value_bits
 from ringtree.algorithms import ALGORITHMS as CATALOGUE
 from ringtree.allreduce import allreduce, iallreduce
+from ringtree.errors import TimeoutError
 from ringtree.ops import ReduceOp, check_dtype
+from ringtree.runtime.state import comm_state
 from ringtree.tuning.online import MAX_SCHEDULES, TRIALS_SMALL
 
 pytestmark = pytest.mark.mpi
@@ -287,3 +289,72 @@ def test_blocking_allreduce_while_others_are_in_flight_waited_in_another_order(c
     if small[0] != size * (size + 1) // 2:
         failures.append(f"small allreduce gave {small[0]}")
     assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "tree", "auto"])
+def test_a_call_repeated_on_the_same_arrays_sees_what_changed_in_them(comm, algorithm):
+    # Repeats on the same small arrays skip most checks (allreduce.AGAIN): what may change in place
+    # between calls must still count.
+    rank, size = comm.Get_rank(), comm.Get_size()
+    data, out = np.full(6, rank + 1, np.int32), np.empty(6, np.int32)
+    failures = []
+    allreduce(data, out, "max", comm=comm, algorithm=algorithm)
+    if not (out == size).all():
+        failures.append(f"max gave {out}")
+    for _ in range(3):
+        allreduce(data, out, comm=comm, algorithm=algorithm)
+        if not (out == size * (size + 1) // 2).all():
+            failures.append(f"sum gave {out}")
+    # The same bits read as floats: the receive array, the send array too, then one back and forth.
+    for changed, dtype in ((out, np.float32), (data, np.float32), (data, np.int32), (data, np.float32)):
+        changed.dtype = dtype
+        try:
+            allreduce(data, out, comm=comm, algorithm=algorithm)
+            if data.dtype != out.dtype:
+                failures.append(f"no error for {data.dtype} into {out.dtype}")
+        except TypeError as error:
+            if data.dtype == out.dtype or "dtype" not in str(error):
+                failures.append(f"{data.dtype} into {out.dtype}: {error}")
+    data[...] = rank + 1
+    allreduce(data, out, comm=comm, algorithm=algorithm)
+    if not (out == size * (size + 1) // 2).all():
+        failures.append(f"after the dtype changed: {out}")
+    allreduce(data, data, comm=comm, algorithm=algorithm)  # the send array as the receive one: in place
+    if not (data == size * (size + 1) // 2).all():
+        failures.append(f"in place gave {data}")
+    out.flags.writeable = False
+    try:
+        allreduce(data, out, comm=comm, algorithm=algorithm)
+        failures.append("wrote into a read-only array")
+    except ValueError as error:
+        if "read-only" not in str(error):
+            failures.append(f"read-only: {error}")
+    # With a collective in flight, a repeat must let it progress (the stepwise path does not).
+    out = np.empty(6, np.float32)
+    allreduce(data, out, comm=comm, algorithm=algorithm)
+    big = np.full(1 << 18, rank, np.int64)
+    request = iallreduce(big, comm=comm, algorithm="ring", segment=1 << 14)
+    if rank == 0:
+        allreduce(data, out, comm=comm, algorithm=algorithm)
+        result = request.wait()
+    else:
+        result = request.wait()
+        allreduce(data, out, comm=comm, algorithm=algorithm)
+    if not (result == size * (size - 1) // 2).all() or not (out == size * size * (size + 1) // 2).all():
+        failures.append("a repeat with an iallreduce in flight went wrong")
+    assert_everywhere(comm, failures)
+
+
+def test_a_communicator_made_unusable_is_refused_even_for_a_repeated_call(comm):
+    dup = comm.Dup()
+    data, out = np.ones(4, np.int32), np.empty(4, np.int32)
+    for _ in range(3):
+        allreduce(data, out, comm=dup, algorithm="tree")
+    comm_state(dup).broken = TimeoutError("a rank did not come")  # as a timeout leaves it
+    with pytest.raises(TimeoutError, match="unusable"):
+        allreduce(data, out, comm=dup, algorithm="tree")
+    dup.Free()
+    with pytest.raises(TypeError, match="intracommunicator"):  # freed: MPI.COMM_NULL
+        allreduce(data, out, comm=dup)
+    allreduce(data, out, comm=comm)
+    assert_everywhere(comm, [] if (out == comm.Get_size()).all() else [f"got {out}"])

@@ -10,6 +10,8 @@ from mpi4py import MPI
 
 import ringtree
 from conftest import assert_everywhere, run_mpiexec, same_on_all_ranks
+from ringtree import settings
+from ringtree.runtime import native
 from ringtree.runtime.state import comm_state
 from ringtree.tuning import cache
 from ringtree.tuning.model import Params
@@ -124,6 +126,51 @@ def test_the_mpi_librarys_own_allreduce_gives_every_rank_bitwise_the_same_floats
     assert_everywhere(comm, [] if same_on_all_ranks(comm, result) else ["ranks differ"])
 
 
+@pytest.mark.mpi
+def test_small_native_calls_go_through_persistent_requests_that_the_communicator_frees(monkeypatch, tmp_path):
+    world = MPI.COMM_WORLD
+    monkeypatch.setenv("RINGTREE_CACHE_DIR", str(tmp_path))  # not what earlier tests committed
+    settings.reload()
+    comm = world.Dup()
+    comm_state(comm)
+    monkeypatch.undo()
+    settings.reload()
+    honest = Tuner.record
+
+    def native_fastest(trial, seconds):
+        exploration, index = trial
+        honest(trial, seconds * (1 if exploration.options[index].algorithm == NATIVE else 100))
+
+    monkeypatch.setattr(Tuner, "record", staticmethod(native_fastest))
+    rng = np.random.default_rng(world.Get_rank())
+    failures = []
+    counts = (2, 300, native.PERSISTENT_MAX // 8 + 1)  # the last one is too large: Iallreduce
+    for count in counts:
+        integers = rng.integers(-1000, 1000, count).astype(np.int64)
+        floats = rng.standard_normal(count)
+        expected = np.empty_like(integers)
+        world.Allreduce(integers, expected)
+        out, inplace = np.empty_like(integers), np.empty_like(integers)
+        for call in range(60):  # the same arrays every call: the repeat path too
+            ringtree.allreduce(integers, out, comm=comm)
+            inplace[...] = integers
+            ringtree.allreduce(MPI.IN_PLACE, inplace, comm=comm)
+            if not (np.array_equal(out, expected) and np.array_equal(inplace, expected)):
+                failures.append(f"count {count}, call {call}")
+        summed = ringtree.allreduce(floats, comm=comm)
+        if not same_on_all_ranks(world, summed) or not np.allclose(summed, world.allreduce(floats)):
+            failures.append(f"count {count}: floats")
+    tuner = comm_state(comm).tuner
+    chosen = {tuner.committed.get(key_of(count * 8, in_place, 8, True)) for count in counts for in_place in (0, 1)}
+    if chosen != {Option(NATIVE, 0)}:
+        failures.append(f"committed {chosen}")
+    persistent = [plan.request for plan in comm_state(comm).plans.values() if getattr(plan, "request", None)]
+    comm.Free()
+    if len(persistent) != 4 or any(persistent):  # one per small count and dtype, in place or not; freed
+        failures.append(f"{len(persistent)} persistent requests, {sum(map(bool, persistent))} left after Free")
+    assert_everywhere(world, failures)
+
+
 LEARNS = """
     import numpy as np
     from mpi4py import MPI
@@ -152,6 +199,8 @@ def test_a_second_job_starts_from_the_cache_with_no_trial_and_the_command_shows_
     choices = [line for line in second.stderr.splitlines() if line.startswith("ringtree: allreduce")]
     assert len(choices) == 3 and all("from the tuning cache" in line for line in choices), second.stderr
     assert "trial" not in second.stderr and "committed" not in second.stderr
+    # Native's persistent requests (tried in the first job, chosen or not) are freed before MPI ends.
+    assert "persistent request" not in first.stderr + second.stderr, first.stderr
 
     for mode in ("off", "cache"):  # neither tries nor writes; off does not read the cache either
         empty = tmp_path / mode

@@ -20,6 +20,7 @@ from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
 from . import timeline
+from .native import NativePlan, free_plan
 
 _keyval: int | None = None
 # The last communicator used and its state: a loop on one communicator skips the attribute lookup.
@@ -45,6 +46,7 @@ class CommState:
             mine = f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}"
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
+        self.plans: dict = {}  # per call shape: the CallPlan (or NativePlan) allreduce built on the first call
         # Nonblocking, so that a rank that never comes is a timeout, not a hang.
         self.comm, dup = comm.Idup()
         self.control, control_dup = comm.Idup()  # for timeouts: who is still here is asked on this one
@@ -66,13 +68,16 @@ class CommState:
             raise type(failure)(f"ringtree on rank {self.rank}: {failure}")
         self.tags = min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB), 1 << 30) + 1  # the standard puts TAG_UB on COMM_WORLD only
         self.calls = 0
-        self.plans: dict = {}  # per call shape: the CallPlan allreduce built on the first call
         self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies in flight to other ranks' questions
         self.broken: Exception | None = None  # set by a timeout: this communicator is not to be used again
         self.tuner = None if current.tune == "off" else _tuner(self.comm, current)
 
     def free(self) -> None:
+        self.broken = ValueError("the communicator was freed")  # allreduce's repeat paths check it
+        for plan in self.plans.values():
+            if type(plan) is NativePlan:
+                free_plan(plan)
         self.comm.Free()
         self.control.Free()
 

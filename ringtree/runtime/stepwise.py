@@ -16,45 +16,66 @@ from ..schedule import OpKind
 from .compiled import EXCHANGE
 from .failures import error_classes, translated, wrong_size
 
-__all__ = ["run_stepwise"]
+__all__ = ["bound_steps", "run_stepwise"]
 
 BYTE = MPI.BYTE
 SEND, RECV, REDUCE, COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
 _STATUS = MPI.Status()  # reused: ringtree is called from one thread at a time (docs/design.md)
 
 
-def run_stepwise(steps: tuple[tuple, ...], buffers: list, reduce, copy, comm: MPI.Comm, tag: int) -> None:
-    """Run compiled steps (CompiledSchedule.steps) to the end. Messages go as bytes: [region,
-    MPI.BYTE]; a message of another size than its receive raises MismatchError."""
+def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
+    """Compiled steps (CompiledSchedule.steps) bound to a call's buffers: each region made an array
+    (a message's as [region, MPI.BYTE]), once, so that a call repeated on the same arrays reuses them.
+    (EXCHANGE, send, to, receive, from, receive bytes), (SEND, message, to), (RECV, message, from,
+    bytes), (REDUCE, left, right, out), (COPY, to, from)."""
+    def region(buffer, elements):
+        return buffers[buffer] if elements is None else buffers[buffer][elements]
+
+    bound = []
+    for step in steps:
+        kind = step[0]
+        if kind is EXCHANGE:
+            _, to, send, source, receive = step
+            into = region(*receive)
+            bound.append((EXCHANGE, [region(*send), BYTE], to, [into, BYTE], source, into.nbytes))
+        elif kind is REDUCE:
+            _, out, left, right = step
+            bound.append((REDUCE, region(*left), region(*right), region(*out)))
+        elif kind is COPY:
+            bound.append((COPY, region(*step[1]), region(*step[2])))
+        else:
+            message = region(*step[2])
+            bound.append((kind, [message, BYTE], step[1]) if kind is SEND
+                         else (kind, [message, BYTE], step[1], message.nbytes))
+    return tuple(bound)
+
+
+def run_stepwise(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
+    """Run bound steps (`bound_steps`) to the end. Messages go as bytes; a message of another size
+    than its receive raises MismatchError."""
     status = _STATUS
     try:
         for step in steps:
             kind = step[0]
             if kind is EXCHANGE:
-                _, to, (s, ss), source, (r, rs) = step
-                into = buffers[r] if rs is None else buffers[r][rs]
-                comm.Sendrecv([buffers[s] if ss is None else buffers[s][ss], BYTE], to, tag, [into, BYTE], source, tag,
-                              status)
-                if status.Get_count(BYTE) != into.nbytes:
-                    raise wrong_size(comm, source, status.Get_count(BYTE), into.nbytes)
+                _, send, to, receive, source, nbytes = step
+                comm.Sendrecv(send, to, tag, receive, source, tag, status)
+                if status.Get_count(BYTE) != nbytes:
+                    raise wrong_size(comm, source, status.Get_count(BYTE), nbytes)
             elif kind is REDUCE:
-                (d, ds), (a, as_), (b, bs) = step[1:]
-                reduce(buffers[a] if as_ is None else buffers[a][as_], buffers[b] if bs is None else buffers[b][bs],
-                       buffers[d] if ds is None else buffers[d][ds])
+                _, left, right, out = step
+                reduce(left, right, out)
             elif kind is COPY:
-                (d, ds), (s, ss) = step[1:]
-                copy(buffers[d] if ds is None else buffers[d][ds], buffers[s] if ss is None else buffers[s][ss])
+                copy(step[1], step[2])
+            elif kind is SEND:
+                comm.Send(step[1], step[2], tag)
             else:
-                _, peer, (b, bs) = step
-                region = buffers[b] if bs is None else buffers[b][bs]
-                if kind is SEND:
-                    comm.Send([region, BYTE], peer, tag)
-                else:
-                    comm.Recv([region, BYTE], peer, tag, status)
-                    if status.Get_count(BYTE) != region.nbytes:
-                        raise wrong_size(comm, peer, status.Get_count(BYTE), region.nbytes)
+                _, message, source, nbytes = step
+                comm.Recv(message, source, tag, status)
+                if status.Get_count(BYTE) != nbytes:
+                    raise wrong_size(comm, source, status.Get_count(BYTE), nbytes)
     except MPI.Exception as error:
-        peer = step[3] if step[0] is EXCHANGE else step[1]  # an exchange names the rank it receives from
+        peer = step[4] if step[0] is EXCHANGE else step[2]  # an exchange names the rank it receives from
         ours = translated(error_classes(error, [status]), comm, True, peer)
         if ours is None:
             raise
