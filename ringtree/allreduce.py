@@ -22,7 +22,7 @@ from .ops import ReduceOp, known_op
 from .runtime import reliability, timeline
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import IN_FLIGHT, Execution
+from .runtime.engine import IN_FLIGHT, Execution, back_off
 from .runtime.native import NativePlan, native_plan, native_runner, reduces, run_native
 from .runtime.state import LAST, comm_state
 from .runtime.stepwise import bound_steps, run_stepwise
@@ -350,8 +350,10 @@ def _line_up(state, timeout) -> None:
     a later one: a barrier, waited for while the collectives in flight progress."""
     request = state.comm.Ibarrier()  # never Barrier: a rank with collectives in flight must poll, and the two do not match
     deadline = None if timeout is None else time.perf_counter() + timeout
+    idle = 0
     while not request.Test():
-        IN_FLIGHT.poll()
+        idle = 0 if IN_FLIGHT.poll() else idle + 1
+        back_off(idle)  # ranks that outnumber the cores: spinning here would keep the others from arriving
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeoutError(f"ringtree allreduce on rank {state.rank}: not every rank came to the barrier before "
                                f"a tuning trial within {timeout:g} s")

@@ -241,13 +241,17 @@ class InFlight:
                 if now - last_progress > timeout:
                     waiting = sorted(op for owner, op in self.owners if owner is execution)
                     raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
-            # Nothing arrived: after a few empty polls, let a process that shares this core run
-            # (the peer we wait for, when ranks outnumber cores); with a core to itself, this returns at once.
             idle += 1
-            if idle >= SPINS_BEFORE_SLEEP:
-                time.sleep(SLEEP_SECONDS)
-            elif idle >= SPINS_BEFORE_YIELD:
-                os.sched_yield()
+            back_off(idle)
+
+
+def back_off(idle: int) -> None:
+    """After `idle` empty polls in a row, let a process that shares this core run (the peer we wait
+    for, when ranks outnumber cores); with a core to itself, this returns at once."""
+    if idle >= SPINS_BEFORE_SLEEP:
+        time.sleep(SLEEP_SECONDS)
+    elif idle >= SPINS_BEFORE_YIELD:
+        os.sched_yield()
 
 
 # Empty polls before yielding the core: long enough not to slow a dedicated core's fast path.

@@ -9,13 +9,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
+from .engine import back_off
 
 __all__ = ["NativePlan", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
 
 # Up to this size a call goes through a persistent request (Allreduce_init) on a buffer of the plan's
-# own, with a copy in and a copy out, where the MPI has them: faster than Iallreduce up to 4 KiB on 2
-# ranks under MPICH and Open MPI (docs/algorithms.md); from 16 KiB the copies cost more.
-PERSISTENT_MAX = 4096
+# own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
+# Iallreduce up to 16 KiB, in place or not (docs/algorithms.md); from 64 KiB the copies cost more.
+PERSISTENT_MAX = 16384
 
 
 class NativePlan(NamedTuple):
@@ -72,8 +73,7 @@ def run_native(plan: NativePlan, comm, source, target, in_place: bool, nranks: i
         request = plan.request
         request.Start()
     if in_flight.requests or in_flight.queued:
-        while not request.Test():
-            in_flight.poll()
+        _progress_until_done(request, in_flight)
     else:
         request.Wait()
     if buffer is not None:
@@ -94,12 +94,18 @@ def native_runner(plan: NativePlan, comm, source, target, in_place: bool, nranks
         buffer[:] = source
         request.Start()
         if in_flight.requests or in_flight.queued:
-            while not request.Test():
-                in_flight.poll()
+            _progress_until_done(request, in_flight)
         else:
             request.Wait()
         target[:] = buffer
     return run
+
+
+def _progress_until_done(request: MPI.Request, in_flight) -> None:
+    idle = 0
+    while not request.Test():
+        idle = 0 if in_flight.poll() else idle + 1
+        back_off(idle)
 
 
 def _bytes(array: np.ndarray) -> memoryview:
