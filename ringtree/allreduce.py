@@ -17,15 +17,16 @@ from mpi4py import MPI
 
 from . import settings
 from .checks import checked, checked_timeout
-from .errors import MismatchError, PeerFailure, TimeoutError
+from .errors import TimeoutError
 from .ops import ReduceOp, known_op
 from .runtime import reliability, timeline
+from .runtime.again import AGAIN, AGAIN_MAX, keep_again, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, Execution, back_off
-from .runtime.native import NativePlan, native_plan, native_runner, reduces, run_native
+from .runtime.native import NativePlan, native_plan, reduces, run_native
 from .runtime.state import LAST, comm_state
-from .runtime.stepwise import bound_steps, run_stepwise
+from .runtime.stepwise import bound_steps
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
@@ -116,77 +117,17 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             state.repeats[_op_key(op), algorithm, target.dtype, target.size, inplace] = call
     if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
             and (inplace or type(sendbuf) is NDARRAY)):
-        _keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace).run()
+        keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace).run()
         return recvbuf
     started = time.perf_counter()
     if type(call) is NativePlan:
         run_native(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
     else:
         # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
-        _run_steps(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)
+        steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)()
     if trial is not None:
         Tuner.record(trial, time.perf_counter() - started)
     return result
-
-
-def _run_steps(call, state, steps: tuple, target) -> None:
-    """Run a stepwise plan's steps, bound to the call's arrays (stepwise.bound_steps)."""
-    reduce, copy, divide = call.bound
-    try:
-        run_stepwise(steps, reduce, copy, state.comm, state.next_tag())
-    except (MismatchError, PeerFailure) as error:
-        state.broken = error  # messages of the other ranks' call may be left unmatched
-        raise
-    if call.average:
-        divide(target, state.size)
-
-
-def _steps_runner(call, state, steps: tuple, target):
-    """`_run_steps` of these arguments as a function of none: what it looks up, looked up once."""
-    reduce, copy, divide = call.bound
-    comm, average, nranks, next_tag = state.comm, call.average, state.size, state.next_tag
-
-    def run() -> None:
-        try:
-            run_stepwise(steps, reduce, copy, comm, next_tag())
-        except (MismatchError, PeerFailure) as error:
-            state.broken = error  # messages of the other ranks' call may be left unmatched
-            raise
-        if average:
-            divide(target, nranks)
-    return run
-
-
-class _Again:
-    """A small blocking call that ran a stepwise or native plan with no trial, check or timeout, and
-    that run bound to its arrays: a loop repeating the call on the same arrays runs it again after
-    only the checks those arrays can fail (writability and dtype may change in place). A class with
-    slots: its attributes are read faster than a NamedTuple's."""
-
-    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run")
-
-    def __init__(self, sendbuf, op, algorithm, comm, state, dtype, inplace, native, run) -> None:
-        self.sendbuf = sendbuf  # the caller's array (or IN_PLACE), held so that its id stays its own
-        self.op, self.algorithm, self.comm, self.state, self.dtype = op, algorithm, comm, state, dtype
-        self.inplace, self.native, self.run = inplace, native, run  # run: the call, bound to the arrays
-
-
-# By id(recvbuf). Holding the arrays keeps them alive, so only small ones, and a few.
-AGAIN: dict[int, _Again] = {}
-AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
-AGAIN_ENTRIES = 16
-
-
-def _keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace) -> _Again:
-    if len(AGAIN) >= AGAIN_ENTRIES:
-        AGAIN.clear()
-    native = type(call) is NativePlan
-    if native:
-        run = native_runner(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
-    else:
-        run = _steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)
-    again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, target.dtype, inplace, native, run)
-    return again
 
 
 def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):

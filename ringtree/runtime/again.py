@@ -1,0 +1,64 @@
+"""A blocking call repeated on the same small arrays: its run kept bound to them (allreduce's fastest path).
+
+allreduce looks the receive array up in AGAIN (by id) and, if the other
+arguments are the same objects as before and the arrays pass the checks that
+can change in place, calls the entry's run; `docs/design.md`, "The call path".
+"""
+
+from __future__ import annotations
+
+from ..errors import MismatchError, PeerFailure
+from .engine import IN_FLIGHT
+from .native import NativePlan, native_runner
+from .stepwise import bound_steps, run_stepwise
+
+__all__ = ["AGAIN", "AGAIN_MAX", "keep_again", "steps_runner"]
+
+
+def steps_runner(call, state, steps: tuple, target):
+    """A function of none that runs a stepwise plan's steps, bound to the call's arrays
+    (stepwise.bound_steps): what it looks up, looked up once, for a call repeated on those arrays."""
+    reduce, copy, divide = call.bound
+    comm, average, nranks, next_tag = state.comm, call.average, state.size, state.next_tag
+
+    def run() -> None:
+        try:
+            run_stepwise(steps, reduce, copy, comm, next_tag())
+        except (MismatchError, PeerFailure) as error:
+            state.broken = error  # messages of the other ranks' call may be left unmatched
+            raise
+        if average:
+            divide(target, nranks)
+    return run
+
+
+class _Again:
+    """A small blocking call that ran a stepwise or native plan with no trial, check or timeout, and
+    that run bound to its arrays: a loop repeating the call on the same arrays runs it again after
+    only the checks those arrays can fail (writability and dtype may change in place). A class with
+    slots: its attributes are read faster than a NamedTuple's."""
+
+    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run")
+
+    def __init__(self, sendbuf, op, algorithm, comm, state, dtype, inplace, native, run) -> None:
+        self.sendbuf = sendbuf  # the caller's array (or IN_PLACE), held so that its id stays its own
+        self.op, self.algorithm, self.comm, self.state, self.dtype = op, algorithm, comm, state, dtype
+        self.inplace, self.native, self.run = inplace, native, run  # run: the call, bound to the arrays
+
+
+# By id(recvbuf). Holding the arrays keeps them alive, so only small ones, and a few.
+AGAIN: dict[int, _Again] = {}
+AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
+AGAIN_ENTRIES = 16
+
+
+def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace) -> _Again:
+    if len(AGAIN) >= AGAIN_ENTRIES:
+        AGAIN.clear()
+    native = type(call) is NativePlan
+    if native:
+        run = native_runner(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
+    else:
+        run = steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)
+    again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, target.dtype, inplace, native, run)
+    return again
