@@ -9,8 +9,15 @@ class MismatchError(RuntimeError):
 
 class TimeoutError(builtins.TimeoutError):
     """A collective made no progress for its timeout. The message names the collective, its
-    algorithm, the op and peer this rank waits for, and the ranks that are not in the collective.
-    The communicator cannot be used for ringtree collectives afterwards."""
+    algorithm, the op and peer this rank waits for, and the ranks that are not in the collective:
+    `missing` lists the ranks in no ringtree collective on the communicator, `elsewhere` maps the
+    ranks in another one to its call number. The communicator cannot be used for ringtree
+    collectives afterwards."""
+
+    def __init__(self, message: str, missing: list[int] | None = None, elsewhere: dict[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []
+        self.elsewhere = elsewhere or {}
 
 
 class PeerFailure(RuntimeError):

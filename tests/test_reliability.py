@@ -118,6 +118,7 @@ NEVER_JOINS = """
     from ringtree.allreduce import allreduce
     comm, folder = MPI.COMM_WORLD, pathlib.Path(sys.argv[2])
     timeout = None if sys.argv[1] == "env" else float(sys.argv[1])  # "env": RINGTREE_TIMEOUT sets it
+    check = sys.argv[3:] == ["check"]
     rank, missing = comm.Get_rank(), comm.Get_size() - 1
     allreduce(np.ones(4))  # sets the communicator up: every rank takes part
     if rank == missing:
@@ -126,7 +127,7 @@ NEVER_JOINS = """
         report = []
         started = time.perf_counter()
         try:
-            allreduce(np.ones(100_000, np.float32), timeout=timeout)
+            allreduce(np.ones(777 if check else 100_000, np.float32), timeout=timeout, check=check)
         except ringtree.TimeoutError as error:
             report.append(f"after {time.perf_counter() - started:.2f} s: {error}")
         try:
@@ -153,6 +154,18 @@ def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout
         assert timeout <= seconds <= timeout + 1, after
         assert f"not in any ringtree collective on this communicator: rank {missing}" in after, after
         assert "made no progress for 2 s; it waits for op" in after, after
+        assert following.startswith(f"next call: ringtree on rank {rank}: this communicator is unusable"), following
+
+
+@one_rank_only
+def test_in_check_mode_the_timeout_names_the_users_call_and_the_rank_that_never_joins(tmp_path):
+    run, _ = _run_script(3, NEVER_JOINS, "2", str(tmp_path), "check")
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in range(2):
+        after, following = (tmp_path / f"rank-{rank}.txt").read_text().split("\n")
+        assert "(777 elements of float32, sum, algorithm auto): not every rank came to check mode" in after, after
+        assert "not in any ringtree collective on this communicator: rank 2" in after, after
+        assert "recursive_doubling" not in after and "10 elements" not in after, after
         assert following.startswith(f"next call: ringtree on rank {rank}: this communicator is unusable"), following
 
 

@@ -56,14 +56,21 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, ringtre
     seq = state.calls  # the same on all ranks if they made as many ringtree calls
     record[4], record[9] = seq, -seq
     mine, low = record[:10], record[10:]
+    count, dtype, op, algorithm = call
     if timeout is None:
         state.comm.Allreduce(mine, low, MPI.MIN)
     else:
-        ringtree_allreduce(mine, low, timeout)
+        try:
+            ringtree_allreduce(mine, low, timeout)
+        except TimeoutError as error:  # said of the user's call, not of the comparison's own allreduce
+            raise TimeoutError(
+                f"ringtree allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
+                f"{op}, algorithm {algorithm}): not every rank came to check mode's comparison of this call's "
+                f"arguments (ringtree call #{seq}) within {timeout:g} s"
+                + _whereabouts(error.missing, error.elsewhere), error.missing, error.elsewhere) from None
     smallest = low.tolist()
     if smallest[:5] == [-value for value in smallest[5:]]:
         return
-    count, dtype, op, algorithm = call
     everyone = state.comm.allgather((count, dtype.name, op, algorithm, seq))  # rare: who differs, for the message
     differences = []
     for k, field in enumerate(_FIELDS):
@@ -113,11 +120,16 @@ def timed_out(execution, waiting: list[int], timeout: float) -> TimeoutError:
     if waiting:
         op = schedule.ops[waiting[0]]
         text += f"; it waits for op {waiting[0]} ({op}): rank {op.peer}"
+    return TimeoutError(text + _whereabouts(missing, elsewhere), missing, elsewhere)
+
+
+def _whereabouts(missing: list[int], elsewhere: dict[int, int]) -> str:
+    text = ""
     if missing:
         text += f"; not in any ringtree collective on this communicator: {_ranks(missing)}"
     if elsewhere:
         text += "; in another call: " + ", ".join(f"rank {r} in #{s}" for r, s in sorted(elsewhere.items()))
-    return TimeoutError(text)
+    return text
 
 
 def _ask_who_is_here(state, seq: int) -> dict[int, int]:
