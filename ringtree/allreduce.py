@@ -10,6 +10,7 @@ import inspect
 import sys
 import time
 import types
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -18,13 +19,14 @@ from mpi4py import MPI
 from . import settings
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
-from .ops import ReduceOp, known_op
+from .ops import ReduceOp, known_op, parse_op
 from .runtime import reliability, timeline
-from .runtime.again import AGAIN, AGAIN_MAX, keep_again, steps_runner
+from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, Execution, back_off
 from .runtime.native import NativePlan, native_plan, reduces, run_native
+from .runtime.stalls import WAITING
 from .runtime.state import LAST, comm_state
 from .runtime.stepwise import bound_steps
 from .schedule.lower import Shape
@@ -94,7 +96,12 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             and again.state.broken is None and recvbuf.flags.writeable and recvbuf.dtype is again.dtype
             and (again.inplace or sendbuf.dtype is again.dtype)
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
-        again.run()
+        WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): _watched, inlined
+        try:
+            again.run()
+        finally:
+            WAITING[0] = None
+            WAITING[1] += 1
         return recvbuf
     trial = None
     repeat = _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
@@ -115,19 +122,31 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
                       and known_op(op) is not None)
         if repeatable:
             state.repeats[_op_key(op), algorithm, target.dtype, target.size, inplace] = call
+    what = described(state, call, target, parse_op(op).value, algorithm)
     if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
             and (inplace or type(sendbuf) is NDARRAY)):
-        keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace).run()
+        _watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
+                            what).run, what)
         return recvbuf
     started = time.perf_counter()
     if type(call) is NativePlan:
-        run_native(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
+        _watched(partial(run_native, call, state.comm, source, target, inplace, state.size, IN_FLIGHT), what)
     else:
         # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
-        steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)()
+        _watched(steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target), what)
     if trial is not None:
         Tuner.record(trial, time.perf_counter() - started)
     return result
+
+
+def _watched(run, what) -> None:
+    """run(), with the stall watchdog (runtime/stalls.py) told that this rank waits in `what`."""
+    WAITING[0] = what
+    try:
+        run()
+    finally:
+        WAITING[0] = None
+        WAITING[1] += 1
 
 
 def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
@@ -292,12 +311,16 @@ def _line_up(state, timeout) -> None:
     request = state.comm.Ibarrier()  # never Barrier: a rank with collectives in flight must poll, and the two do not match
     deadline = None if timeout is None else time.perf_counter() + timeout
     idle = 0
-    while not request.Test():
-        idle = 0 if IN_FLIGHT.poll() else idle + 1
-        back_off(idle)  # ranks that outnumber the cores: spinning here would keep the others from arriving
-        if deadline is not None and time.perf_counter() > deadline:
-            raise TimeoutError(f"ringtree allreduce on rank {state.rank}: not every rank came to the barrier before "
-                               f"a tuning trial within {timeout:g} s")
+    WAITING[0] = f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial"
+    try:
+        while not request.Test():
+            idle = 0 if IN_FLIGHT.poll() else idle + 1
+            back_off(idle)  # ranks that outnumber the cores: spinning here would keep the others from arriving
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError(f"ringtree allreduce on rank {state.rank}: not every rank came to the barrier "
+                                   f"before a tuning trial within {timeout:g} s")
+    finally:
+        WAITING[0] = None
 
 
 def _plan(state, backend, choice, target, reduce_op, plan_key) -> CallPlan | NativePlan:

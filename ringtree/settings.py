@@ -39,6 +39,7 @@ class Settings:
     cuda_aware: bool | None = None  # None: ask the MPI library
     tune: str = "online"  # online, cache or off
     cache_dir: str = ""  # where online tuning keeps what it learned; "" until read() fills it in
+    stall_warning: float | None = 60.0  # seconds without progress before a warning; None: no warning
 
 
 class Variable(NamedTuple):
@@ -74,6 +75,10 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _stall_warning(text: str) -> float | None:
+    return None if text in ("0", "off") else _seconds(text)
+
+
 def _bytes(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -107,6 +112,7 @@ VARIABLES = (
     Variable("RINGTREE_CUDA_AWARE", "cuda_aware", "0 or 1", _cuda_aware),
     Variable("RINGTREE_TUNE", "tune", "online, cache or off", _tune),
     Variable("RINGTREE_CACHE_DIR", "cache_dir", "a directory", str),
+    Variable("RINGTREE_STALL_WARNING", "stall_warning", "a positive number of seconds, or 0 or off", _stall_warning),
 )
 
 

@@ -167,6 +167,7 @@ def test_in_check_mode_the_timeout_names_the_users_call_and_the_rank_that_never_
         assert "not in any ringtree collective on this communicator: rank 2" in after, after
         assert "recursive_doubling" not in after and "10 elements" not in after, after
         assert following.startswith(f"next call: ringtree on rank {rank}: this communicator is unusable"), following
+        assert "777 elements" in following and "recursive_doubling" not in following, following
 
 
 @one_rank_only
@@ -282,3 +283,40 @@ def test_survivors_get_peer_failure_and_go_on_with_a_shrunk_communicator(tmp_pat
         output = "".join(path.read_text() for path in tmp_path.glob(f"out*.{rank}.out"))
         assert f"rank {rank}, step 2: ringtree allreduce on rank {rank}: rank 1 failed" in output, output + run.stderr
         assert f"rank {rank}: 5 steps done on 3 ranks, every average right" in output, output + run.stderr
+
+
+STALLS = """
+    import sys, time
+    import numpy as np
+    from mpi4py import MPI
+    from ringtree.allreduce import allreduce
+    rank = MPI.COMM_WORLD.Get_rank()
+    small, out = np.ones(4, np.float32), np.empty(4, np.float32)
+    allreduce(small, out, algorithm="recursive_doubling")  # sets up; the next call on these arrays is a repeat
+    calls = {"repeat": lambda: allreduce(small, out, algorithm="recursive_doubling"),
+             "stepwise": lambda: allreduce(np.ones(8), algorithm="tree"),
+             "engine": lambda: allreduce(np.ones(1 << 18), algorithm="ring", segment=1 << 16),
+             "tuning": lambda: allreduce(np.ones(3))}
+    for label, call in calls.items():
+        if rank == 1:
+            time.sleep(float(sys.argv[1]))  # late, by more than the warning's interval
+        print(f"rank {rank} starts {label}", file=sys.stderr, flush=True)
+        call()
+"""
+
+
+@one_rank_only
+def test_a_rank_that_waits_with_no_progress_warns_at_each_interval_naming_whom_it_waits_for():
+    run, _ = _run_script(2, STALLS, "2.6", env={"RINGTREE_STALL_WARNING": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    sections = run.stderr.split("rank 0 starts ")[1:]
+    assert len(sections) == 4, run.stderr
+    for label, section in zip(("repeat", "stepwise", "engine", "tuning"), sections):
+        warnings = [line for line in section.splitlines() if "no progress for" in line]
+        assert len(warnings) >= 2 and all("on rank 0 of ringtree(MPI_COMM_WORLD)" in w for w in warnings), section
+        assert "no progress for 1 s" in warnings[0] and "no progress for 2 s" in warnings[1], section
+        assert all(("barrier that starts a tuning trial" if label == "tuning" else "it waits for rank 1") in w
+                   for w in warnings), section
+    assert not [line for line in run.stderr.splitlines() if "on rank 1 of" in line]  # it never waited long
+    quiet, _ = _run_script(2, STALLS, "1.5", env={"RINGTREE_STALL_WARNING": "off"})
+    assert quiet.returncode == 0 and "no progress" not in quiet.stderr, quiet.stderr

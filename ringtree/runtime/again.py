@@ -10,9 +10,10 @@ from __future__ import annotations
 from ..errors import MismatchError, PeerFailure
 from .engine import IN_FLIGHT
 from .native import NativePlan, native_runner
+from .stalls import Call
 from .stepwise import bound_steps, run_stepwise
 
-__all__ = ["AGAIN", "AGAIN_MAX", "keep_again", "steps_runner"]
+__all__ = ["AGAIN", "AGAIN_MAX", "described", "keep_again", "steps_runner"]
 
 
 def steps_runner(call, state, steps: tuple, target):
@@ -38,12 +39,13 @@ class _Again:
     only the checks those arrays can fail (writability and dtype may change in place). A class with
     slots: its attributes are read faster than a NamedTuple's."""
 
-    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run")
+    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run", "call")
 
-    def __init__(self, sendbuf, op, algorithm, comm, state, dtype, inplace, native, run) -> None:
+    def __init__(self, sendbuf, op, algorithm, comm, state, dtype, inplace, native, run, call) -> None:
         self.sendbuf = sendbuf  # the caller's array (or IN_PLACE), held so that its id stays its own
         self.op, self.algorithm, self.comm, self.state, self.dtype = op, algorithm, comm, state, dtype
         self.inplace, self.native, self.run = inplace, native, run  # run: the call, bound to the arrays
+        self.call = call  # what a stall warning says of it (stalls.Call)
 
 
 # By id(recvbuf). Holding the arrays keeps them alive, so only small ones, and a few.
@@ -52,7 +54,14 @@ AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
 AGAIN_ENTRIES = 16
 
 
-def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace) -> _Again:
+def described(state, call, target, op: str, algorithm: str) -> Call:
+    """A call as a stall warning describes it, with the ranks its plan exchanges with."""
+    peers = () if type(call) is NativePlan else tuple(sorted(
+        {op.peer for op in call.compiled.schedule.ops if op.peer is not None}))
+    return Call(state, target.size, target.dtype, op, algorithm, peers)
+
+
+def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace, what) -> _Again:
     if len(AGAIN) >= AGAIN_ENTRIES:
         AGAIN.clear()
     native = type(call) is NativePlan
@@ -60,5 +69,5 @@ def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source
         run = native_runner(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
     else:
         run = steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)
-    again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, target.dtype, inplace, native, run)
+    again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, what)
     return again

@@ -22,6 +22,7 @@ from ..schedule import OpKind
 from . import reliability, timeline
 from .compiled import CompiledSchedule
 from .failures import error_classes, failing, job_ends, source, translated, wrong_size
+from .stalls import WAITING
 
 __all__ = ["Execution", "InFlight", "IN_FLIGHT"]
 
@@ -225,24 +226,29 @@ class InFlight:
         timeout = execution.timeout
         idle = 0
         last_progress = next_answer = time.perf_counter()
-        while not execution.done:
-            if not self.requests and not self.queued:
-                raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
-            if self.poll():
-                idle = 0
+        WAITING[0] = execution  # for the stall watchdog (stalls.py)
+        try:
+            while not execution.done:
+                if not self.requests and not self.queued:
+                    raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
+                if self.poll():
+                    idle = 0
+                    WAITING[1] += 1
+                    if timeout is not None:
+                        last_progress = time.perf_counter()
+                    continue
                 if timeout is not None:
-                    last_progress = time.perf_counter()
-                continue
-            if timeout is not None:
-                now = time.perf_counter()
-                if now >= next_answer:
-                    reliability.answer_questions(execution.state, execution.seq)
-                    next_answer = now + reliability.ANSWER_EVERY_SECONDS
-                if now - last_progress > timeout:
-                    waiting = sorted(op for owner, op in self.owners if owner is execution)
-                    raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
-            idle += 1
-            back_off(idle)
+                    now = time.perf_counter()
+                    if now >= next_answer:
+                        reliability.answer_questions(execution.state, execution.seq)
+                        next_answer = now + reliability.ANSWER_EVERY_SECONDS
+                    if now - last_progress > timeout:
+                        waiting = sorted(op for owner, op in self.owners if owner is execution)
+                        raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
+                idle += 1
+                back_off(idle)
+        finally:
+            WAITING[0] = None
 
 
 def back_off(idle: int) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
+from .stalls import WAITING
 
 PING, PRESENT = 1, 2  # tags on the control communicator
 # How long a timed-out rank listens for the others' answers, and how often a waiting rank looks for questions.
@@ -58,16 +59,22 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, ringtre
     mine, low = record[:10], record[10:]
     count, dtype, op, algorithm = call
     if timeout is None:
-        state.comm.Allreduce(mine, low, MPI.MIN)
+        WAITING[0] = (f"allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
+                      f"{op}, algorithm {algorithm}), in check mode's comparison of the ranks' arguments")
+        try:
+            state.comm.Allreduce(mine, low, MPI.MIN)
+        finally:
+            WAITING[0] = None
     else:
         try:
             ringtree_allreduce(mine, low, timeout)
         except TimeoutError as error:  # said of the user's call, not of the comparison's own allreduce
-            raise TimeoutError(
+            state.broken = TimeoutError(
                 f"ringtree allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
                 f"{op}, algorithm {algorithm}): not every rank came to check mode's comparison of this call's "
                 f"arguments (ringtree call #{seq}) within {timeout:g} s"
-                + _whereabouts(error.missing, error.elsewhere), error.missing, error.elsewhere) from None
+                + _whereabouts(error.missing, error.elsewhere), error.missing, error.elsewhere)
+            raise state.broken from None
     smallest = low.tolist()
     if smallest[:5] == [-value for value in smallest[5:]]:
         return

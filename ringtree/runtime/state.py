@@ -19,7 +19,7 @@ from ..errors import MismatchError, TimeoutError
 from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
-from . import timeline
+from . import stalls, timeline
 from .native import NativePlan, free_plan
 
 _keyval: int | None = None
@@ -43,6 +43,7 @@ class CommState:
             configure_debug_logging(MPI.COMM_WORLD.Get_rank())
             if current.timeline:
                 timeline.start(current.timeline)
+            stalls.watch(current.stall_warning)
             mine = f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}"
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
@@ -126,7 +127,11 @@ def _free(comm, keyval, state) -> int:
 
 def _wait(*requests, timeout, rank, name) -> None:
     if timeout is None:
-        MPI.Request.Waitall(requests)
+        stalls.WAITING[0] = f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}"
+        try:
+            MPI.Request.Waitall(requests)
+        finally:
+            stalls.WAITING[0] = None
         return
     deadline = time.perf_counter() + timeout
     while not MPI.Request.Testall(requests):

@@ -1,0 +1,82 @@
+"""Stalls are never silent: a rank that waits in a collective with no progress for
+RINGTREE_STALL_WARNING seconds (60 by default) logs a warning, and again after each such interval.
+
+WAITING says what this process waits in: [what, progress]. A wait sets `what`
+(an Execution, a `Call`, anything with a `call` attribute giving one, or a
+description of its own) and
+clears it when done; every call and every message the engine completes bumps
+`progress`. A watchdog thread, started with the first communicator, samples it
+every quarter interval (at most every second): the same wait with the same
+progress for an interval is a stall. The thread calls no MPI; it reads what the
+waiting thread left there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import NamedTuple
+
+from ..debug import log
+
+__all__ = ["WAITING", "Call", "watch"]
+
+WAITING: list = [None, 0]
+
+
+class Call(NamedTuple):
+    """A collective as the warning describes it."""
+
+    state: object  # the communicator's CommState
+    count: int
+    dtype: object
+    op: str
+    algorithm: str
+    peers: tuple[int, ...]  # the ranks it exchanges with; () when not known (MPI's own allreduce)
+
+
+_watcher: threading.Thread | None = None
+
+
+def watch(interval: float | None) -> None:
+    """Start the watchdog, once per process (no interval: stall warnings off)."""
+    global _watcher
+    if interval is None or _watcher is not None:
+        return
+    _watcher = threading.Thread(target=_watch, args=(interval,), name="ringtree stall watchdog", daemon=True)
+    _watcher.start()
+
+
+def _watch(interval: float) -> None:
+    seen, since, warned = (None, 0), time.monotonic(), 0
+    while True:
+        time.sleep(min(1.0, interval / 4))
+        now = (WAITING[0], WAITING[1])
+        if now[0] is None or now[0] is not seen[0] or now[1] != seen[1]:
+            seen, since, warned = now, time.monotonic(), 0
+            continue
+        stalled = time.monotonic() - since
+        if stalled >= (warned + 1) * interval:
+            warned += 1
+            log.warning("%s", _describe(now[0], stalled))
+
+
+def _describe(what, seconds: float) -> str:
+    """The warning for a wait in `what` with no progress for `seconds`."""
+    if isinstance(what, str):
+        return f"ringtree: {what}: no progress for {seconds:.0f} s (still waiting)"
+    if hasattr(what, "compiled"):  # the engine's Execution: its messages in flight say whom it waits for
+        from .engine import IN_FLIGHT  # here, not at the top: the engine imports this module
+        schedule, state = what.compiled.schedule, what.state
+        call = f"#{what.seq} ({schedule.algorithm}, {schedule.count} elements)"
+        peers = sorted({schedule.ops[op].peer for owner, op in list(IN_FLIGHT.owners) if owner is what})
+    else:
+        what = getattr(what, "call", what)
+        state, peers = what.state, list(what.peers)
+        call = f"({what.count} elements of {what.dtype.name}, {what.op}, algorithm {what.algorithm})"
+    if peers:
+        waits_for = "; it waits for " + ("rank " if len(peers) == 1 else "ranks ") + ", ".join(map(str, peers))
+    else:
+        waits_for = "; it waits in the MPI library's own allreduce, for any rank"
+    return (f"ringtree allreduce {call} on rank {state.rank} of {state.comm.Get_name()}: no progress for "
+            f"{seconds:.0f} s{waits_for} (still waiting; RINGTREE_TIMEOUT or timeout= makes this an error)")
