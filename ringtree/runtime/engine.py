@@ -132,6 +132,11 @@ class Execution:
         self.done = True
         self.finish()
 
+    def peers_waited_for(self) -> list[int]:
+        """The ranks of this collective's messages in flight: whom a stall warning says it waits for."""
+        ops = self.compiled.schedule.ops
+        return sorted({ops[op].peer for owner, op in list(IN_FLIGHT.owners) if owner is self})
+
 
 class InFlight:
     """Every request in flight in this process, with the op it belongs to: any wait progresses all."""

@@ -65,11 +65,10 @@ def _describe(what, seconds: float) -> str:
     """The warning for a wait in `what` with no progress for `seconds`."""
     if isinstance(what, str):
         return f"ringtree: {what}: no progress for {seconds:.0f} s (still waiting)"
-    if hasattr(what, "compiled"):  # the engine's Execution: its messages in flight say whom it waits for
-        from .engine import IN_FLIGHT  # here, not at the top: the engine imports this module
+    if hasattr(what, "peers_waited_for"):  # the engine's Execution: its messages in flight say whom it waits for
         schedule, state = what.compiled.schedule, what.state
         call = f"#{what.seq} ({schedule.algorithm}, {schedule.count} elements)"
-        peers = sorted({schedule.ops[op].peer for owner, op in list(IN_FLIGHT.owners) if owner is what})
+        peers = what.peers_waited_for()
     else:
         what = getattr(what, "call", what)
         state, peers = what.state, list(what.peers)
@@ -78,5 +77,5 @@ def _describe(what, seconds: float) -> str:
         waits_for = "; it waits for " + ("rank " if len(peers) == 1 else "ranks ") + ", ".join(map(str, peers))
     else:
         waits_for = "; it waits in the MPI library's own allreduce, for any rank"
-    return (f"ringtree allreduce {call} on rank {state.rank} of {state.comm.Get_name()}: no progress for "
+    return (f"ringtree allreduce {call} on rank {state.rank} of {state.name}: no progress for "
             f"{seconds:.0f} s{waits_for} (still waiting; RINGTREE_TIMEOUT or timeout= makes this an error)")

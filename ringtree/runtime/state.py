@@ -55,7 +55,8 @@ class CommState:
         digest = np.frombuffer(hashlib.sha256(mine.encode()).digest(), np.uint8)
         digests = np.empty((self.size, digest.size), np.uint8)
         _wait(self.comm.Iallgather(digest, digests), timeout=timeout, rank=self.rank, name=name)
-        self.comm.Set_name(f"ringtree({name})")
+        self.name = f"ringtree({name})"  # also for the stall watchdog, which calls no MPI
+        self.comm.Set_name(self.name)
         if (digests != digest).any():
             identities = self.comm.allgather(mine)  # every rank is here: say who differs
             self.free()
