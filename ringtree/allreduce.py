@@ -24,11 +24,12 @@ from .runtime import reliability, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import IN_FLIGHT, Execution, back_off
+from .runtime.engine import IN_FLIGHT, LOCK, Execution, back_off
 from .runtime.native import NativePlan, native_plan, reduces, run_native
 from .runtime.stalls import WAITING
 from .runtime.state import LAST, comm_state
 from .runtime.stepwise import bound_steps
+from .runtime.threads import THREADED, get_ident, note_thread
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
@@ -51,6 +52,7 @@ class Request:
         self._then = then  # what is left to do once the execution is done
 
     def test(self) -> bool:
+        note_thread(self._execution.comm)
         if not self._execution.done:
             IN_FLIGHT.poll()
         if self._execution.done and self._then is not None:
@@ -58,6 +60,7 @@ class Request:
         return self._execution.done
 
     def wait(self):
+        note_thread(self._execution.comm)
         if not self._execution.done:
             IN_FLIGHT.wait(self._execution)
         if self._then is not None:
@@ -92,7 +95,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     """
     again = AGAIN.get(id(recvbuf))
     if (again is not None and sendbuf is again.sendbuf and op is again.op and algorithm is again.algorithm
-            and comm is again.comm and segment is check is timeout is None
+            and comm is again.comm and segment is check is timeout is None and again.thread == get_ident()
             and again.state.broken is None and recvbuf.flags.writeable and recvbuf.dtype is again.dtype
             and (again.inplace or sendbuf.dtype is again.dtype)
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
@@ -115,7 +118,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             return _through_host(source, target, result, op, comm, algorithm, segment, check, timeout, True)
         steps = call.in_place_steps if inplace else call.steps
         if type(call) is not NativePlan and (steps is None or IN_FLIGHT.requests or IN_FLIGHT.queued
-                                             or timeline.ACTIVE or timeout is not None):
+                                             or timeline.ACTIVE or timeout is not None or THREADED[1]):
             return _start(call, state, source, target, result, inplace, timeout, trial).wait()
         # A stepwise or native plan runs here; one that is not a trial, check or given segment is repeated.
         repeatable = (trial is None and check is None and segment is None and not settings.current().check
@@ -124,7 +127,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             state.repeats[_op_key(op), algorithm, target.dtype, target.size, inplace] = call
     what = described(state, call, target, parse_op(op).value, algorithm)
     if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
-            and (inplace or type(sendbuf) is NDARRAY)):
+            and (inplace or type(sendbuf) is NDARRAY) and not THREADED[1]):
         _watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
                             what).run, what)
         return recvbuf
@@ -155,11 +158,13 @@ def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     what may differ between such calls is checked: the arrays' layout, writability and overlap.
     Returns (call plan, state, steps, source, target, in place), or None for `_prepare` to check the
     call in full."""
-    if (type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
+    last = LAST[0]  # read once: another thread may change it
+    if (get_ident() != THREADED[0] or THREADED[1]
+            or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
             or type(algorithm) is not str or IN_FLIGHT.requests or IN_FLIGHT.queued
-            or (WORLD if comm is None else comm) is not LAST[0]):
+            or (WORLD if comm is None else comm) is not last[0]):
         return None
-    state = LAST[1]
+    state = last[1]
     inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
     # The key as _op_key gives it, inlined: this path counts every 0.1 µs.
     call = state.repeats.get((op if type(op) is str else id(op), algorithm, recvbuf.dtype, recvbuf.size, inplace))
@@ -241,6 +246,8 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blo
     if comm is None:
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, reduce_op, backend, inplace = checked(sendbuf, recvbuf, op, comm, algorithm, segment)
+    if note_thread(comm) and AGAIN:
+        AGAIN.clear()  # their runs wait inside MPI, which no call does once a second thread has called
     try:
         current = settings.current()
     except settings.SettingError as error:
@@ -263,7 +270,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blo
     if current.check if check is None else check:
         # Before the choice: online tuning takes its steps on the arguments the ranks agree on here.
         reliability.agree(state, reliability.call_record(target.size, dtype, reduce_op.value, algorithm),
-                          (target.size, dtype, reduce_op.value, algorithm), timeout,
+                          (target.size, dtype, reduce_op.value, algorithm), timeout, not THREADED[1],
                           lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
                                                                  algorithm="recursive_doubling", timeout=seconds))
     call = trial = None
@@ -356,8 +363,9 @@ def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -
         if trial is not None:
             Tuner.record(trial, time.perf_counter() - started)
 
-    execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state, finish, timeout,
-                          call.backend.asynchronous)
+    with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
+        execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state, finish, timeout,
+                              call.backend.asynchronous)
     if trial is not None:
         Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
     return Request(execution, recvbuf)

@@ -12,6 +12,7 @@ from .engine import IN_FLIGHT
 from .native import NativePlan, native_runner
 from .stalls import Call
 from .stepwise import bound_steps, run_stepwise
+from .threads import get_ident
 
 __all__ = ["AGAIN", "AGAIN_MAX", "described", "keep_again", "steps_runner"]
 
@@ -39,13 +40,14 @@ class _Again:
     only the checks those arrays can fail (writability and dtype may change in place). A class with
     slots: its attributes are read faster than a NamedTuple's."""
 
-    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run", "call")
+    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run", "call", "thread")
 
     def __init__(self, sendbuf, op, algorithm, comm, state, dtype, inplace, native, run, call) -> None:
         self.sendbuf = sendbuf  # the caller's array (or IN_PLACE), held so that its id stays its own
         self.op, self.algorithm, self.comm, self.state, self.dtype = op, algorithm, comm, state, dtype
         self.inplace, self.native, self.run = inplace, native, run  # run: the call, bound to the arrays
         self.call = call  # what a stall warning says of it (stalls.Call)
+        self.thread = get_ident()  # only the thread that made it runs it: another must be noted (threads.py)
 
 
 # By id(recvbuf). Holding the arrays keeps them alive, so only small ones, and a few.

@@ -12,6 +12,7 @@ one list of requests, so waiting on any of them progresses every one.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 
@@ -24,7 +25,7 @@ from .compiled import CompiledSchedule
 from .failures import error_classes, failing, job_ends, source, translated, wrong_size
 from .stalls import WAITING
 
-__all__ = ["Execution", "InFlight", "IN_FLIGHT"]
+__all__ = ["Execution", "InFlight", "IN_FLIGHT", "LOCK"]
 
 BYTE = MPI.BYTE
 SEND, RECV = OpKind.SEND, OpKind.RECV
@@ -155,7 +156,12 @@ class InFlight:
         self.queued.append((work, execution, op))
 
     def poll(self) -> bool:
-        """Handle the requests and queued work that completed, if any; say whether any had."""
+        """Handle the requests and queued work that completed, if any; say whether any had. Any
+        thread may call it: LOCK keeps the lists whole."""
+        with LOCK:
+            return self._poll()
+
+    def _poll(self) -> bool:
         finished_work = self.queued and self._poll_queued()
         if not self.requests:
             return bool(finished_work)
@@ -234,9 +240,13 @@ class InFlight:
         WAITING[0] = execution  # for the stall watchdog (stalls.py)
         try:
             while not execution.done:
-                if not self.requests and not self.queued:
-                    raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
-                if self.poll():
+                with LOCK:  # released between polls: another thread's wait progresses this execution too
+                    if execution.done:
+                        break
+                    if not self.requests and not self.queued:
+                        raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
+                    progressed = self._poll()
+                if progressed:
                     idle = 0
                     WAITING[1] += 1
                     if timeout is not None:
@@ -248,8 +258,9 @@ class InFlight:
                         reliability.answer_questions(execution.state, execution.seq)
                         next_answer = now + reliability.ANSWER_EVERY_SECONDS
                     if now - last_progress > timeout:
-                        waiting = sorted(op for owner, op in self.owners if owner is execution)
-                        raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
+                        with LOCK:
+                            waiting = sorted(op for owner, op in self.owners if owner is execution)
+                            raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
                 idle += 1
                 back_off(idle)
         finally:
@@ -274,3 +285,5 @@ SLEEP_SECONDS = 50e-6
 
 
 IN_FLIGHT = InFlight()
+# Held while a thread touches IN_FLIGHT or starts an Execution; never while it waits in MPI.
+LOCK = threading.RLock()

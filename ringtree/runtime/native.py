@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
 from .engine import back_off
+from .threads import THREADED
 
 __all__ = ["NativePlan", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
 
@@ -72,7 +73,7 @@ def run_native(plan: NativePlan, comm, source, target, in_place: bool, nranks: i
         buffer[...] = source
         request = plan.request
         request.Start()
-    if in_flight.requests or in_flight.queued:
+    if in_flight.requests or in_flight.queued or THREADED[1]:
         _progress_until_done(request, in_flight)
     else:
         request.Wait()

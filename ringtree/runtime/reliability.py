@@ -47,18 +47,19 @@ def call_record(count: int, dtype, op: str, algorithm: str) -> np.ndarray:
     return np.concatenate([codes, -codes, np.zeros(10, np.int64)])
 
 
-def agree(state, record: np.ndarray, call: tuple, timeout: float | None, ringtree_allreduce) -> None:
+def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blocking: bool, ringtree_allreduce) -> None:
     """Raise MismatchError on every rank unless all ranks make this call with the same arguments.
 
     `record` is call_record's for this call, `call` its (count, dtype, op, algorithm) for the message.
     With a timeout the comparison runs through ringtree (`ringtree_allreduce(sendbuf, recvbuf,
-    timeout)`, MIN over int64), so that a rank that does not come is named; else through MPI's own
-    Allreduce on the private communicator, the fastest way."""
+    timeout)`, MIN over int64), so that a rank that does not come is named, and so it does where the
+    call may not wait inside MPI (not `blocking`: other threads call ringtree); else through MPI's
+    own Allreduce on the private communicator, the fastest way."""
     seq = state.calls  # the same on all ranks if they made as many ringtree calls
     record[4], record[9] = seq, -seq
     mine, low = record[:10], record[10:]
     count, dtype, op, algorithm = call
-    if timeout is None:
+    if timeout is None and blocking:
         WAITING[0] = (f"allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
                       f"{op}, algorithm {algorithm}), in check mode's comparison of the ranks' arguments")
         try:

@@ -36,15 +36,17 @@ class Call(NamedTuple):
 
 
 _watcher: threading.Thread | None = None
+_STARTING = threading.Lock()
 
 
 def watch(interval: float | None) -> None:
     """Start the watchdog, once per process (no interval: stall warnings off)."""
     global _watcher
-    if interval is None or _watcher is not None:
-        return
-    _watcher = threading.Thread(target=_watch, args=(interval,), name="ringtree stall watchdog", daemon=True)
-    _watcher.start()
+    with _STARTING:
+        if interval is None or _watcher is not None:
+            return
+        _watcher = threading.Thread(target=_watch, args=(interval,), name="ringtree stall watchdog", daemon=True)
+        _watcher.start()
 
 
 def _watch(interval: float) -> None:

@@ -8,6 +8,7 @@ and freed with it.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import numpy as np
@@ -20,12 +21,16 @@ from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
 from . import stalls, timeline
+from .engine import IN_FLIGHT, back_off
 from .native import NativePlan, free_plan
+from .threads import THREADED
 
 _keyval: int | None = None
-# The last communicator used and its state: a loop on one communicator skips the attribute lookup.
-# One list, changed in place, so that allreduce's repeat path may hold it.
-LAST: list = [None, None]
+# The last communicator used and its state, as one (comm, state) pair that a thread reads at once: a
+# loop on one communicator skips the attribute lookup. In a list, changed in place, so that
+# allreduce's repeat path may hold it.
+LAST: list = [(None, None)]
+_SETTING_UP = threading.Lock()  # one thread creates the keyval
 
 
 class CommState:
@@ -119,8 +124,8 @@ def _tuner(comm: MPI.Comm, current: settings.Settings) -> Tuner:
 
 
 def _free(comm, keyval, state) -> int:
-    if LAST[1] is state:
-        LAST[:] = None, None
+    if LAST[0][1] is state:
+        LAST[0] = (None, None)
     if not MPI.Is_finalized():
         state.free()
     return MPI.SUCCESS
@@ -130,7 +135,13 @@ def _wait(*requests, timeout, rank, name) -> None:
     if timeout is None:
         stalls.WAITING[0] = f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}"
         try:
-            MPI.Request.Waitall(requests)
+            if not THREADED[1]:
+                MPI.Request.Waitall(requests)
+                return
+            idle = 0  # other threads call ringtree: wait as the engine does, progressing their collectives
+            while not MPI.Request.Testall(requests):
+                idle = 0 if IN_FLIGHT.poll() else idle + 1
+                back_off(idle)
         finally:
             stalls.WAITING[0] = None
         return
@@ -145,13 +156,18 @@ def _wait(*requests, timeout, rank, name) -> None:
 
 def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:
     global _keyval
-    if comm is LAST[0]:
-        return LAST[1]
-    if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
+    last = LAST[0]
+    if comm is last[0]:
+        return last[1]
+    with _SETTING_UP:
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
     state = comm.Get_attr(_keyval)
     if state is None:
+        # Collective, and not under the lock: a thread waiting here for the other ranks must not keep
+        # another thread from setting up its own communicator. (Two threads on one communicator at once
+        # is an error of the program's, as in MPI.)
         state = CommState(comm, timeout)
         comm.Set_attr(_keyval, state)
-    LAST[:] = comm, state
+    LAST[0] = (comm, state)
     return state

@@ -20,18 +20,17 @@ __all__ = ["bound_steps", "run_stepwise"]
 
 BYTE = MPI.BYTE
 SEND, RECV, REDUCE, COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
-_STATUS = MPI.Status()  # reused: ringtree is called from one thread at a time (docs/design.md)
 
 
 def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
     """Compiled steps (CompiledSchedule.steps) bound to a call's buffers: each region made an array
     (a message's as [region, MPI.BYTE]), once, so that a call repeated on the same arrays reuses them.
-    (EXCHANGE, send, to, receive, from, receive bytes), (SEND, message, to), (RECV, message, from,
-    bytes), (REDUCE, left, right, out), (COPY, to, from)."""
+    First the MPI.Status its receives fill, then (EXCHANGE, send, to, receive, from, receive bytes),
+    (SEND, message, to), (RECV, message, from, bytes), (REDUCE, left, right, out), (COPY, to, from)."""
     def region(buffer, elements):
         return buffers[buffer] if elements is None else buffers[buffer][elements]
 
-    bound = []
+    bound: list = [MPI.Status()]  # first: the status its receives fill, its own, as threads may run others at once
     for step in steps:
         kind = step[0]
         if kind is EXCHANGE:
@@ -53,9 +52,9 @@ def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
 def run_stepwise(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
     """Run bound steps (`bound_steps`) to the end. Messages go as bytes; a message of another size
     than its receive raises MismatchError."""
-    status = _STATUS
+    status = steps[0]
     try:
-        for step in steps:
+        for step in steps[1:]:
             kind = step[0]
             if kind is EXCHANGE:
                 _, send, to, receive, source, nbytes = step

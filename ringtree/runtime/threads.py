@@ -1,0 +1,37 @@
+"""Which threads call ringtree. The first thread's blocking calls may wait inside MPI (the stepwise
+path, MPI's own allreduce): fastest, and safe while no other thread has ringtree work in flight. Once
+a second thread has called, no call waits inside MPI: every wait polls the engine, so that a wait in
+any thread progresses the collectives every thread started (docs/design.md, "Threads").
+"""
+
+from __future__ import annotations
+
+import threading
+
+from mpi4py import MPI
+
+__all__ = ["THREADED", "note_thread"]
+
+get_ident = threading.get_ident
+THREADED = [None, False]  # [the first calling thread's ident, whether another thread has called since]
+_LEVELS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+           MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+
+
+def note_thread(comm: MPI.Comm) -> bool:
+    """Record the calling thread; return whether a second thread has called ringtree. RuntimeError,
+    before any message, when a second thread calls and MPI was initialised below MPI_THREAD_MULTIPLE."""
+    ident = get_ident()
+    if THREADED[0] is None:
+        THREADED[0] = ident
+    if ident == THREADED[0] or THREADED[1]:
+        return THREADED[1]
+    level = MPI.Query_thread()
+    if level < MPI.THREAD_MULTIPLE:
+        raise RuntimeError(
+            f"ringtree allreduce on rank {comm.Get_rank()}: a second thread calls ringtree, but MPI was initialised with "
+            f"{_LEVELS.get(level, level)}, which lets only one thread call MPI; initialise it with "
+            "MPI_THREAD_MULTIPLE (mpi4py's default; mpi4py.rc.thread_level = 'multiple'), or call ringtree from "
+            "the thread that first did")
+    THREADED[1] = True
+    return True

@@ -1,0 +1,122 @@
+"""Threads: concurrent calls on their own communicators, requests waited in other threads, and the
+error when MPI does not let a second thread call."""
+
+import os
+import queue
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conftest import assert_everywhere, run_mpiexec
+from ringtree.allreduce import allreduce, iallreduce
+
+# Sizes in int64 elements: the stepwise path, the engine unsplit and in segments, and MPI's own.
+COUNTS = (1, 128, 8192, 1 << 17)
+THREADS = 4
+
+
+def hammer(comm):
+    """4 threads, each with a communicator of its own, 24 calls each from 8 B to 1 MiB, blocking,
+    in place and nonblocking, every fourth request waited on by the next thread; against MPI's own."""
+    rank = comm.Get_rank()
+    comms = [comm.Dup() for _ in range(THREADS)]  # made in one thread, in the same order on every rank
+    handed = [queue.Queue() for _ in range(THREADS)]  # requests a thread started, for the next one to wait on
+    failures = []
+
+    def check(what, result, expected):
+        if not np.array_equal(result, expected):
+            failures.append(f"{what}: {np.count_nonzero(result != expected)} elements wrong")
+
+    def work(k):
+        own, rng = comms[k], np.random.default_rng(rank * THREADS + k)
+        try:
+            for call in range(24):
+                count = COUNTS[call % len(COUNTS)]
+                data = rng.integers(-1000, 1000, count).astype(np.int64)
+                expected = np.empty_like(data)
+                own.Allreduce(data, expected)  # MPI's own, on the thread's communicator, in the same order everywhere
+                how = call % 4
+                if how == 0:
+                    check(f"thread {k} call {call} blocking", allreduce(data, comm=own), expected)
+                elif how == 1:
+                    result = data.copy()
+                    allreduce(MPI.IN_PLACE, result, comm=own, algorithm="ring", segment=1 << 14)
+                    check(f"thread {k} call {call} in place", result, expected)
+                elif how == 2:
+                    check(f"thread {k} call {call} waited here", iallreduce(data, comm=own).wait(), expected)
+                else:
+                    handed[(k + 1) % THREADS].put((f"thread {k} call {call} waited by thread {(k + 1) % THREADS}",
+                                                   iallreduce(data, comm=own), expected))
+                while not handed[k].empty():
+                    what, request, expected_there = handed[k].get()
+                    check(what, request.wait(), expected_there)
+        except Exception as error:  # a failure in a thread must reach the assertion
+            failures.append(f"thread {k}: {type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for k in range(THREADS):  # what was handed on after its receiver had finished
+        while not handed[k].empty():
+            what, request, expected = handed[k].get()
+            check(what + " (after its receiver finished)", request.wait(), expected)
+    for own in comms:
+        own.Free()
+    assert_everywhere(comm, failures)
+
+
+HAMMER = """
+    import sys
+    from mpi4py import MPI
+    sys.path.insert(0, sys.argv[1])
+    from test_threads import hammer
+    hammer(MPI.COMM_WORLD)
+"""
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_threads_on_communicators_of_their_own_get_right_results_and_wait_on_each_others_requests(nranks):
+    # A job of its own: once a second thread has called, no ringtree call in the process waits inside
+    # MPI any more (runtime/threads.py), which the other tests should not run under.
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(HAMMER), os.path.dirname(__file__), timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+SERIALIZED = """
+    import threading
+    import mpi4py
+    mpi4py.rc.thread_level = "serialized"
+    import numpy as np
+    from mpi4py import MPI
+    from ringtree.allreduce import allreduce
+    data = np.ones(4)
+    allreduce(data)
+    errors = []
+
+    def second():
+        try:
+            allreduce(data)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join()
+    print(errors[0] if errors else "no error")
+    assert (allreduce(data) == MPI.COMM_WORLD.Get_size()).all()  # the first thread goes on
+"""
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+def test_a_second_thread_under_a_thread_level_below_multiple_gets_a_clear_error():
+    run = run_mpiexec(2, "-c", textwrap.dedent(SERIALIZED))
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in (0, 1):
+        assert (f"ringtree allreduce on rank {rank}: a second thread calls ringtree, but MPI was initialised with "
+                "MPI_THREAD_SERIALIZED") in run.stdout, run.stdout
