@@ -20,7 +20,8 @@ THREADS = 4
 
 def hammer(comm):
     """4 threads, each with a communicator of its own, 24 calls each from 8 B to 1 MiB, blocking,
-    in place and nonblocking, every fourth request waited on by the next thread; against MPI's own."""
+    in place and nonblocking, every fourth request waited on by the next thread; against the sums of
+    every rank's inputs, exact in integers."""
     rank = comm.Get_rank()
     comms = [comm.Dup() for _ in range(THREADS)]  # made in one thread, in the same order on every rank
     handed = [queue.Queue() for _ in range(THREADS)]  # requests a thread started, for the next one to wait on
@@ -30,14 +31,18 @@ def hammer(comm):
         if not np.array_equal(result, expected):
             failures.append(f"{what}: {np.count_nonzero(result != expected)} elements wrong")
 
+    def inputs(k, call, of_rank):
+        count = COUNTS[call % len(COUNTS)]
+        return np.random.default_rng((of_rank, k, call)).integers(-1000, 1000, count).astype(np.int64)
+
     def work(k):
-        own, rng = comms[k], np.random.default_rng(rank * THREADS + k)
+        own = comms[k]
         try:
             for call in range(24):
-                count = COUNTS[call % len(COUNTS)]
-                data = rng.integers(-1000, 1000, count).astype(np.int64)
-                expected = np.empty_like(data)
-                own.Allreduce(data, expected)  # MPI's own, on the thread's communicator, in the same order everywhere
+                data = inputs(k, call, rank)
+                # Every rank's inputs, made here: a blocking MPI call in this thread would not progress
+                # the ringtree requests other threads leave to it (nor does it in one thread).
+                expected = sum(inputs(k, call, r) for r in range(comm.Get_size()))
                 how = call % 4
                 if how == 0:
                     check(f"thread {k} call {call} blocking", allreduce(data, comm=own), expected)
