@@ -125,7 +125,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
                       and known_op(op) is not None)
         if repeatable:
             state.repeats[_op_key(op), algorithm, target.dtype, target.size, inplace] = call
-    what = described(state, call, target, parse_op(op).value, algorithm)
+    what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
     if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
             and (inplace or type(sendbuf) is NDARRAY) and not THREADED[1]):
         _watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
@@ -228,6 +228,7 @@ class CallPlan(NamedTuple):
     dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
     stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
+    peers: tuple  # the ranks the schedule exchanges with, for a stall warning
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
@@ -344,7 +345,8 @@ def _plan(state, backend, choice, target, reduce_op, plan_key) -> CallPlan | Nat
     reduce = backend.reducer(reduce_op)
     call = state.plans[plan_key] = CallPlan(
         runnable, runnable.steps, runnable.in_place_steps, backend, reduce, backend.bind(reduce) if stepwise else None,
-        reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [])
+        reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [],
+        tuple(sorted({op.peer for op in runnable.schedule.ops if op.peer is not None})))
     return call
 
 

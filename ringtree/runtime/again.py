@@ -58,9 +58,7 @@ AGAIN_ENTRIES = 16
 
 def described(state, call, target, op: str, algorithm: str) -> Call:
     """A call as a stall warning describes it, with the ranks its plan exchanges with."""
-    peers = () if type(call) is NativePlan else tuple(sorted(
-        {op.peer for op in call.compiled.schedule.ops if op.peer is not None}))
-    return Call(state, target.size, target.dtype, op, algorithm, peers)
+    return Call(state, target.size, target.dtype, op, algorithm, call.peers)
 
 
 def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace, what) -> _Again:

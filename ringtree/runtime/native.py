@@ -28,6 +28,7 @@ class NativePlan(NamedTuple):
     request: MPI.Prequest | None
     steps = None  # as a CallPlan without a stepwise path: allreduce's repeat path takes neither
     in_place_steps = None
+    peers = ()  # whom it waits for is MPI's business
 
 
 def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
