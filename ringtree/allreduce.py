@@ -24,7 +24,7 @@ from .runtime import reliability, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import IN_FLIGHT, LOCK, Execution, back_off
+from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.native import NativePlan, native_plan, reduces, run_native
 from .runtime.stalls import WAITING
 from .runtime.state import LAST, comm_state
@@ -318,15 +318,18 @@ def _line_up(state, timeout) -> None:
     a later one: a barrier, waited for while the collectives in flight progress."""
     request = state.comm.Ibarrier()  # never Barrier: a rank with collectives in flight must poll, and the two do not match
     deadline = None if timeout is None else time.perf_counter() + timeout
-    idle = 0
+
+    def arrived() -> bool:
+        if request.Test():
+            return True
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutError(f"ringtree allreduce on rank {state.rank}: not every rank came to the barrier "
+                               f"before a tuning trial within {timeout:g} s")
+        return False
+
     WAITING[0] = f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial"
     try:
-        while not request.Test():
-            idle = 0 if IN_FLIGHT.poll() else idle + 1
-            back_off(idle)  # ranks that outnumber the cores: spinning here would keep the others from arriving
-            if deadline is not None and time.perf_counter() > deadline:
-                raise TimeoutError(f"ringtree allreduce on rank {state.rank}: not every rank came to the barrier "
-                                   f"before a tuning trial within {timeout:g} s")
+        IN_FLIGHT.progress_until(arrived)  # backing off: ranks that outnumber the cores must get to run and arrive
     finally:
         WAITING[0] = None
 

@@ -230,6 +230,14 @@ class InFlight:
         execution.state.broken = error
         return error
 
+    def progress_until(self, done) -> None:
+        """Poll until `done()` is true, progressing every collective in flight meanwhile, and backing
+        off while nothing moves: a wait on a request of MPI's own that must not block inside MPI."""
+        idle = 0
+        while not done():
+            idle = 0 if self.poll() else idle + 1
+            back_off(idle)
+
     def wait(self, execution: Execution) -> None:
         """Progress every collective in flight until `execution` is done. With its timeout, raise
         TimeoutError once no message completes for that long, and meanwhile answer other ranks'

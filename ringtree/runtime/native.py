@@ -9,7 +9,6 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
-from .engine import back_off
 from .threads import THREADED
 
 __all__ = ["NativePlan", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
@@ -75,7 +74,7 @@ def run_native(plan: NativePlan, comm, source, target, in_place: bool, nranks: i
         request = plan.request
         request.Start()
     if in_flight.requests or in_flight.queued or THREADED[1]:
-        _progress_until_done(request, in_flight)
+        in_flight.progress_until(request.Test)
     else:
         request.Wait()
     if buffer is not None:
@@ -96,18 +95,11 @@ def native_runner(plan: NativePlan, comm, source, target, in_place: bool, nranks
         buffer[:] = source
         request.Start()
         if in_flight.requests or in_flight.queued:
-            _progress_until_done(request, in_flight)
+            in_flight.progress_until(request.Test)
         else:
             request.Wait()
         target[:] = buffer
     return run
-
-
-def _progress_until_done(request: MPI.Request, in_flight) -> None:
-    idle = 0
-    while not request.Test():
-        idle = 0 if in_flight.poll() else idle + 1
-        back_off(idle)
 
 
 def _bytes(array: np.ndarray) -> memoryview:

@@ -21,7 +21,7 @@ from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
 from . import stalls, timeline
-from .engine import IN_FLIGHT, back_off
+from .engine import IN_FLIGHT
 from .native import NativePlan, free_plan
 from .threads import THREADED
 
@@ -138,10 +138,7 @@ def _wait(*requests, timeout, rank, name) -> None:
             if not THREADED[1]:
                 MPI.Request.Waitall(requests)
                 return
-            idle = 0  # other threads call ringtree: wait as the engine does, progressing their collectives
-            while not MPI.Request.Testall(requests):
-                idle = 0 if IN_FLIGHT.poll() else idle + 1
-                back_off(idle)
+            IN_FLIGHT.progress_until(lambda: MPI.Request.Testall(requests))  # other threads' collectives move meanwhile
         finally:
             stalls.WAITING[0] = None
         return
