@@ -25,6 +25,7 @@ from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, LOCK, Execution
+from .runtime.mismatch import Signature, Watch, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native
 from .runtime.stalls import WAITING
 from .runtime.state import LAST, comm_state
@@ -133,7 +134,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         return recvbuf
     started = time.perf_counter()
     if type(call) is NativePlan:
-        _watched(partial(run_native, call, state.comm, source, target, inplace, state.size, IN_FLIGHT), what)
+        _watched(partial(run_native, call, state, source, target, inplace), what)
     else:
         # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
         _watched(steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target), what)
@@ -229,6 +230,7 @@ class CallPlan(NamedTuple):
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
     stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
     peers: tuple  # the ranks the schedule exchanges with, for a stall warning
+    signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
@@ -284,7 +286,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blo
         if call is None:
             choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment)
             call = _plan(state, backend, choice, target, reduce_op, (backend, algorithm, target.size, dtype, reduce_op,
-                                                                     segment))
+                                                                     segment), algorithm, segment)
     return call, state, source, target, recvbuf, inplace, timeout, trial
 
 
@@ -301,9 +303,9 @@ def _tuned_plan(state, comm, backend, target, reduce_op, inplace, native, timeou
     call = state.plans.get(plan_key)
     if call is None:
         call = _plan(state, backend, choice_of(option.algorithm, target.nbytes, option.segment, why), target, reduce_op,
-                     plan_key)
+                     plan_key, "auto", None)
     if trial is not None and key.size_class <= LINE_UP_CLASS:
-        _line_up(state, timeout)
+        _line_up(state, call.signature, timeout)
     return call, trial
 
 
@@ -313,7 +315,7 @@ def _tuned_plan(state, comm, backend, target, reduce_op, inplace, native, timeou
 LINE_UP_CLASS = 16
 
 
-def _line_up(state, timeout) -> None:
+def _line_up(state, signature, timeout) -> None:
     """Start a trial on every rank together, so that its time is the call's and not a rank's wait for
     a later one: a barrier, waited for while the collectives in flight progress."""
     request = state.comm.Ibarrier()  # never Barrier: a rank with collectives in flight must poll, and the two do not match
@@ -329,17 +331,21 @@ def _line_up(state, timeout) -> None:
 
     WAITING[0] = f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial"
     try:
-        IN_FLIGHT.progress_until(arrived)  # backing off: ranks that outnumber the cores must get to run and arrive
+        # Backing off: ranks that outnumber the cores must get to run and arrive.
+        IN_FLIGHT.progress_until(arrived, Watch(state, state.calls, signature).look)
     finally:
         WAITING[0] = None
 
 
-def _plan(state, backend, choice, target, reduce_op, plan_key) -> CallPlan | NativePlan:
-    """Build the plan of `choice` for a new call shape, kept under `plan_key` for the calls after."""
+def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segment) -> CallPlan | NativePlan:
+    """Build the plan of `choice` for a new call shape, kept under `plan_key` for the calls after;
+    `algorithm` and `segment` are the caller's, for the plan's signature."""
     dtype = target.dtype
     log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
+    sign = signature(target.size, dtype, reduce_op.value, algorithm, segment)
     if choice.algorithm == NATIVE:
-        call = state.plans[plan_key] = native_plan(reduce_op, backend.divide, state.comm, target.size, dtype)
+        state.make_room()
+        call = state.plans[plan_key] = native_plan(reduce_op, backend.divide, state, target.size, dtype, sign)
         return call
     stepwise = choice.stepwise and not backend.asynchronous
     runnable = compiled(Shape(choice.algorithm, state.size, state.rank, target.size,
@@ -349,7 +355,7 @@ def _plan(state, backend, choice, target, reduce_op, plan_key) -> CallPlan | Nat
     call = state.plans[plan_key] = CallPlan(
         runnable, runnable.steps, runnable.in_place_steps, backend, reduce, backend.bind(reduce) if stepwise else None,
         reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [],
-        tuple(sorted({op.peer for op in runnable.schedule.ops if op.peer is not None})))
+        tuple(sorted({op.peer for op in runnable.schedule.ops if op.peer is not None})), sign)
     return call
 
 
@@ -369,8 +375,8 @@ def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -
             Tuner.record(trial, time.perf_counter() - started)
 
     with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
-        execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state, finish, timeout,
-                              call.backend.asynchronous)
+        execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state, call.signature,
+                              finish, timeout, call.backend.asynchronous)
     if trial is not None:
         Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
     return Request(execution, recvbuf)

@@ -40,6 +40,7 @@ class Settings:
     tune: str = "online"  # online, cache or off
     cache_dir: str = ""  # where online tuning keeps what it learned; "" until read() fills it in
     stall_warning: float | None = 60.0  # seconds without progress before a warning; None: no warning
+    signatures: bool = True  # calls' signatures in their messages' tags, compared (runtime/mismatch.py)
 
 
 class Variable(NamedTuple):
@@ -112,6 +113,7 @@ VARIABLES = (
     Variable("RINGTREE_CUDA_AWARE", "cuda_aware", "0 or 1", _cuda_aware),
     Variable("RINGTREE_TUNE", "tune", "online, cache or off", _tune),
     Variable("RINGTREE_CACHE_DIR", "cache_dir", "a directory", str),
+    Variable("RINGTREE_SIGNATURES", "signatures", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_STALL_WARNING", "stall_warning", "a positive number of seconds, or 0 or off", _stall_warning),
 )
 

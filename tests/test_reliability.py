@@ -9,7 +9,9 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
+import ringtree.settings
 from conftest import assert_everywhere, run_mpiexec
+from ringtree.algorithms import ALGORITHMS
 from ringtree.allreduce import allreduce, iallreduce
 
 one_rank_only = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
@@ -74,19 +76,69 @@ def test_check_mode_lets_matching_calls_through(comm):
     assert_everywhere(comm, [count for count, (a, b) in enumerate(zip(results, expected)) if not np.array_equal(a, b)])
 
 
+def _differing(kind, algorithm, rank, odd, count):
+    """The arguments of one rank's call for mismatch `kind`, as the issue found them: the odd rank's
+    int32 where the others pass float32 (the same bytes), MAX where they pass SUM, one element fewer,
+    or another algorithm."""
+    data = np.arange(count, dtype=np.float32) % 7
+    arguments = dict(algorithm=algorithm)
+    if rank == odd:
+        if kind == "count":
+            data = data[:-1]
+        elif kind == "dtype":
+            data = data.view(np.int32)
+        elif kind == "op":
+            arguments["op"] = MPI.MAX
+        else:
+            arguments["algorithm"] = "tree" if algorithm == "ring" else "ring"
+    return data, arguments
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("count", [40, 100_000])
-def test_without_check_mode_a_message_of_the_wrong_size_is_an_error_not_a_result(count):
+@pytest.mark.parametrize("count", [4, 300_000])
+@pytest.mark.parametrize("algorithm", ["auto", *ALGORITHMS])
+@pytest.mark.parametrize("kind", ["count", "dtype", "op", "algorithm"])
+def test_by_default_a_mismatch_raises_on_every_rank_naming_the_ranks_and_what_differs(kind, algorithm, count):
+    world = MPI.COMM_WORLD
+    # 8 ranks run it as 5 and 3, each group with its own odd rank.
+    comm = world.Split(int(world.Get_size() == 8 and world.Get_rank() >= 5), world.Get_rank())
+    rank, odd = comm.Get_rank(), comm.Get_size() - 1
+    allreduce(np.ones(3), comm=comm)  # set up, so that the time below is the mismatch's
+    data, arguments = _differing(kind, algorithm, rank, odd, count)
+    started = time.perf_counter()
+    try:
+        for _ in range(3):  # the first call of each kind makes its plan; the next ones reuse it
+            allreduce(data, comm=comm, **arguments)
+        failures = ["no MismatchError"]
+    except ringtree.MismatchError as error:
+        text = str(error)
+        failures = [] if f"{kind}: " in text and f"on rank {odd}" in text else [f"vague: {text}"]
+    elapsed = time.perf_counter() - started
+    if elapsed > 10:
+        failures.append(f"took {elapsed:.1f} s")
+    with pytest.raises(ringtree.MismatchError, match="unusable"):  # on every rank, so no rank waits on another
+        allreduce(data, comm=comm, **arguments)
+    assert_everywhere(world, failures)
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_with_signatures_off_a_message_of_the_wrong_size_is_still_an_error_not_a_result(monkeypatch):
+    monkeypatch.setenv("RINGTREE_SIGNATURES", "0")
+    ringtree.settings.reload()
     world = MPI.COMM_WORLD
     comm, rank, odd = world.Dup(), world.Get_rank(), world.Get_size() - 1
-    data = np.ones(count + 8 * (rank == odd), np.float32)
+    data = np.ones(40 + 8 * (rank == odd), np.float32)
     try:
         allreduce(data, comm=comm, algorithm="ring", timeout=2.0)
         outcome = "a result"
-    except ringtree.MismatchError as error:
-        outcome = "mismatch" if "the ranks disagree on the count, dtype or algorithm" in str(error) else str(error)
+    except ringtree.MismatchError:
+        outcome = "mismatch"
     except ringtree.TimeoutError:
         outcome = "timeout"  # a rank whose neighbours stopped
+    finally:
+        monkeypatch.delenv("RINGTREE_SIGNATURES")
+        ringtree.settings.reload()
     outcomes = world.allgather(outcome)
     assert_everywhere(world, [] if "a result" not in outcomes and "mismatch" in outcomes else [outcomes])
     world.Barrier()

@@ -111,7 +111,8 @@ def test_the_engine_runs_staged_and_queued_work_like_native_mpi(backend, segment
     source = result if inplace else data
     state = comm_state(comm, None)
     choice = select(result.nbytes, state.size, result.dtype.name, "sum", algorithm, segment)
-    call = _plan(state, backend, choice, result, ReduceOp.SUM, (backend, algorithm, result.size, result.dtype, segment))
+    call = _plan(state, backend, choice, result, ReduceOp.SUM, (backend, algorithm, result.size, result.dtype, segment),
+                 algorithm, segment)
     assert any(is_host(name) for name, _ in call.compiled.schedule.scratch) == (backend.staged and comm.Get_size() > 1)
     _start(call, state, source, result, result, inplace, None).wait()
     assert np.array_equal(result, expected)

@@ -7,8 +7,7 @@ can change in place, calls the entry's run; `docs/design.md`, "The call path".
 
 from __future__ import annotations
 
-from ..errors import MismatchError, PeerFailure
-from .engine import IN_FLIGHT
+from ..errors import PeerFailure
 from .native import NativePlan, native_runner
 from .stalls import Call
 from .stepwise import bound_steps, run_stepwise
@@ -21,12 +20,12 @@ def steps_runner(call, state, steps: tuple, target):
     """A function of none that runs a stepwise plan's steps, bound to the call's arrays
     (stepwise.bound_steps): what it looks up, looked up once, for a call repeated on those arrays."""
     reduce, copy, divide = call.bound
-    comm, average, nranks, next_tag = state.comm, call.average, state.size, state.next_tag
+    average, nranks, signature = call.average, state.size, call.signature
 
     def run() -> None:
         try:
-            run_stepwise(steps, reduce, copy, comm, next_tag())
-        except (MismatchError, PeerFailure) as error:
+            run_stepwise(steps, reduce, copy, state, signature)
+        except PeerFailure as error:
             state.broken = error  # messages of the other ranks' call may be left unmatched
             raise
         if average:
@@ -66,7 +65,7 @@ def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source
         AGAIN.clear()
     native = type(call) is NativePlan
     if native:
-        run = native_runner(call, state.comm, source, target, inplace, state.size, IN_FLIGHT)
+        run = native_runner(call, state, source, target, inplace)
     else:
         run = steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)
     again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, what)

@@ -18,11 +18,12 @@ from collections import deque
 
 from mpi4py import MPI
 
-from ..errors import PeerFailure
+from ..errors import MismatchError, PeerFailure
 from ..schedule import OpKind
 from . import reliability, timeline
 from .compiled import CompiledSchedule
 from .failures import error_classes, failing, job_ends, source, translated, wrong_size
+from .mismatch import LOOK_EVERY, Signature, Watch
 from .stalls import WAITING
 
 __all__ = ["Execution", "InFlight", "IN_FLIGHT", "LOCK"]
@@ -35,13 +36,14 @@ class Execution:
     """One rank's run of one collective."""
 
     __slots__ = ("compiled", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
-                 "finish", "timeout", "pending", "remaining", "done", "computes")
+                 "signature", "finish", "timeout", "pending", "remaining", "done", "computes")
 
     def __init__(self, compiled: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
-                 state, finish, timeout: float | None = None, asynchronous: bool = False) -> None:
+                 state, signature: Signature, finish, timeout: float | None = None, asynchronous: bool = False) -> None:
         """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `inplace`: input and
         output are the same memory; `state`: the communicator's CommState. Messages go as bytes:
         [region, MPI.BYTE]. `timeout`: seconds without progress before a wait raises TimeoutError.
+        `signature`: the call's (mismatch.py), in every message's tag.
         `asynchronous`: `reduce` and `copy` may return, instead of None, something whose `done` turns
         true once the work they queued has finished (a CUDA event); the ops that depend on it wait
         until then."""
@@ -54,7 +56,8 @@ class Execution:
         self.state = state
         self.comm = state.comm
         self.seq = state.calls
-        self.tag = state.next_tag()
+        self.tag = state.next_tag(signature.code)
+        self.signature = signature
         self.finish = finish
         self.timeout = timeout
         self.pending = list(compiled.initial_pending)
@@ -133,6 +136,11 @@ class Execution:
         self.done = True
         self.finish()
 
+    def give_up(self, error: Exception) -> None:
+        """Abandon this collective (InFlight.abandon) after a mismatch."""
+        with LOCK:
+            IN_FLIGHT.abandon(self, error)
+
     def peers_waited_for(self) -> list[int]:
         """The ranks of this collective's messages in flight: whom a stall warning says it waits for."""
         ops = self.compiled.schedule.ops
@@ -178,6 +186,8 @@ class InFlight:
             ours = translated(classes, execution.comm, on_a_message, peer)
             if ours is None:
                 raise
+            if isinstance(ours, MismatchError):  # a message larger than its receive: every rank is told
+                Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(str(ours))
             raise self.abandon(execution, ours) from None
         if not finished:
             return bool(finished_work)
@@ -188,7 +198,8 @@ class InFlight:
             if action[0] is RECV:
                 expected = (action[3].stop - action[3].start) * execution.buffers[action[2]].itemsize
                 if status.Get_count(BYTE) != expected:
-                    raise self.abandon(execution, wrong_size(execution.comm, action[1], status.Get_count(BYTE), expected))
+                    Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(
+                        wrong_size(action[1], status.Get_count(BYTE), expected))
         if len(finished) == len(owners):
             self.requests, self.owners = [], []
         else:
@@ -230,12 +241,15 @@ class InFlight:
         execution.state.broken = error
         return error
 
-    def progress_until(self, done) -> None:
+    def progress_until(self, done, look=None) -> None:
         """Poll until `done()` is true, progressing every collective in flight meanwhile, and backing
-        off while nothing moves: a wait on a request of MPI's own that must not block inside MPI."""
+        off while nothing moves: a wait on a request of MPI's own that must not block inside MPI.
+        `look`, if given, is called every LOOK_EVERY empty polls (mismatch.Watch.look)."""
         idle = 0
         while not done():
             idle = 0 if self.poll() else idle + 1
+            if look is not None and idle and idle % LOOK_EVERY == 0:
+                look()
             back_off(idle)
 
     def wait(self, execution: Execution) -> None:
@@ -244,6 +258,7 @@ class InFlight:
         questions about who is still here."""
         timeout = execution.timeout
         idle = 0
+        watch = None  # made once idle: it looks for signs of a mismatch (mismatch.py)
         last_progress = next_answer = time.perf_counter()
         WAITING[0] = execution  # for the stall watchdog (stalls.py)
         try:
@@ -270,6 +285,10 @@ class InFlight:
                             waiting = sorted(op for owner, op in self.owners if owner is execution)
                             raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
                 idle += 1
+                if idle % LOOK_EVERY == 0:
+                    if watch is None:
+                        watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up)
+                    watch.look()
                 back_off(idle)
         finally:
             WAITING[0] = None

@@ -15,10 +15,9 @@ PEER_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED
 NOT_FAILED = (MPI.SUCCESS, MPI.ERR_PENDING)
 
 
-def wrong_size(comm, peer: int, got: int, expected: int) -> MismatchError:
-    return MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: a message from rank {peer} has {got} bytes "
-                         f"where this rank expects {expected}: the ranks disagree on the count, dtype or algorithm; "
-                         "check=True (RINGTREE_CHECK=1) names them")
+def wrong_size(peer: int, got: int, expected: int) -> str:
+    """What a rank saw when a message is smaller than its receive (mismatch.everywhere raises it)."""
+    return f"a message from rank {peer} has {got} bytes where this rank expects {expected}"
 
 
 def error_classes(error: MPI.Exception, statuses: list) -> list[int]:
@@ -102,5 +101,4 @@ def _end_the_job() -> None:
 
 
 def _did_not_fit(comm) -> MismatchError:
-    return MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: a message was larger than its receive: "
-                         "the ranks disagree on the count, dtype or algorithm; check=True (RINGTREE_CHECK=1) names them")
+    return MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: a message was larger than its receive")

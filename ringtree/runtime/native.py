@@ -9,6 +9,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
+from .engine import IN_FLIGHT, SPINS_BEFORE_YIELD, back_off
+from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .threads import THREADED
 
 __all__ = ["NativePlan", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
@@ -23,6 +25,8 @@ class NativePlan(NamedTuple):
     op: MPI.Op
     average: bool
     divide: object  # for avg: the backend's division by the number of ranks
+    comm: MPI.Comm  # the plan's own: native calls that differ between ranks never match (mismatch.py)
+    signature: Signature
     buffer: np.ndarray | None  # the persistent request's, in place; None: Iallreduce on the caller's arrays
     request: MPI.Prequest | None
     steps = None  # as a CallPlan without a stepwise path: allreduce's repeat path takes neither
@@ -42,9 +46,19 @@ def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
     return op in MPI_OP
 
 
-def native_plan(op: ReduceOp, divide, comm: MPI.Comm, count: int, dtype: np.dtype) -> NativePlan:
-    """The plan of native calls of `count` elements on `comm`. Collective: every rank builds it at
-    the same call (a persistent request takes its place among the communicator's collectives)."""
+def native_plan(op: ReduceOp, divide, state, count: int, dtype: np.dtype, signature: Signature) -> NativePlan:
+    """The plan of native calls of `count` elements on `state`'s communicator. Collective: every rank
+    builds it at the same call, after the ranks agree on its signature (MPI matches the collectives
+    that make it whatever the calls they belong to)."""
+    seq = state.calls
+    mine = np.array([signature.code, count, -signature.code, -count], np.int64)
+    low = np.empty_like(mine)
+    _wait(state.control.Iallreduce(mine, low, MPI.MIN), state, seq, signature)
+    if low[0] != -low[2] or low[1] != -low[3]:
+        raise everywhere(state, seq, signature, "the ranks making a plan for MPI's allreduce differ")
+    comm, request = state.comm.Idup()
+    _wait(request, state, seq, signature)
+    comm.Set_name(f"{state.name} native")
     buffer = request = None
     if count * dtype.itemsize <= PERSISTENT_MAX:
         buffer = np.empty(count, dtype)
@@ -52,54 +66,76 @@ def native_plan(op: ReduceOp, divide, comm: MPI.Comm, count: int, dtype: np.dtyp
             request = comm.Allreduce_init(MPI.IN_PLACE, buffer, MPI_OP[op])
         except NotImplementedError:  # an MPI before persistent collectives: the same on every rank
             buffer = None
-    return NativePlan(MPI_OP[op], op is ReduceOp.AVG, divide, buffer, request)
+    return NativePlan(MPI_OP[op], op is ReduceOp.AVG, divide, comm, signature, buffer, request)
 
 
 def free_plan(plan: NativePlan) -> None:
-    """Free the plan's persistent request, before its communicator is freed."""
-    if plan.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
-        plan.request.Free()
+    """Free the plan's persistent request and communicator, before the user's communicator is freed."""
+    try:
+        if plan.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
+            plan.request.Free()
+        plan.comm.Free()
+    except MPI.Exception:
+        pass  # a call that a mismatch left in flight: MPI keeps it until the end
 
 
-def run_native(plan: NativePlan, comm, source, target, in_place: bool, nranks: int, in_flight) -> None:
-    """MPI's allreduce, nonblocking, waited for while ringtree's collectives `in_flight`
-    (engine.InFlight) progress: a rank blocked in MPI would leave the ranks that wait on those
-    waiting. Nonblocking (persistent or Iallreduce, by size alone) on every rank, with or without
-    collectives in flight, as MPI matches a nonblocking collective only with nonblocking ones."""
+def run_native(plan: NativePlan, state, source, target, in_place: bool) -> None:
+    """MPI's allreduce, nonblocking, waited for while ringtree's collectives in flight progress: a
+    rank blocked in MPI would leave the ranks that wait on those waiting. Nonblocking (persistent or
+    Iallreduce, by size alone) on every rank, with or without collectives in flight, as MPI matches a
+    nonblocking collective only with nonblocking ones."""
     buffer = plan.buffer
     if buffer is None:
-        request = comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
+        request = plan.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
     else:
         buffer[...] = source
         request = plan.request
         request.Start()
-    if in_flight.requests or in_flight.queued or THREADED[1]:
-        in_flight.progress_until(request.Test)
-    else:
-        request.Wait()
+    seq = state.calls  # counted as every call is: a message of the next call must not look like one of this
+    state.calls = seq + 1
+    _wait(request, state, seq, plan.signature)
     if buffer is not None:
         target[...] = buffer
     if plan.average:
-        plan.divide(target, nranks)
+        plan.divide(target, state.size)
 
 
-def native_runner(plan: NativePlan, comm, source, target, in_place: bool, nranks: int, in_flight):
+def native_runner(plan: NativePlan, state, source, target, in_place: bool):
     """`run_native` of these arguments as a function of none, for a call repeated on the same arrays:
     through a persistent request, its copies go between memoryviews made once (half a numpy
     assignment's time at 8 B)."""
     if plan.buffer is None or plan.average:
-        return partial(run_native, plan, comm, source, target, in_place, nranks, in_flight)
+        return partial(run_native, plan, state, source, target, in_place)
     request, buffer, source, target = plan.request, _bytes(plan.buffer), _bytes(source), _bytes(target)
+    signature, test = plan.signature, request.Test
 
     def run() -> None:
         buffer[:] = source
         request.Start()
-        if in_flight.requests or in_flight.queued:
-            in_flight.progress_until(request.Test)
-        else:
-            request.Wait()
+        seq = state.calls
+        state.calls = seq + 1
+        if not test():
+            _wait(request, state, seq, signature)
         target[:] = buffer
     return run
+
+
+def _wait(request: MPI.Request, state, seq: int, signature: Signature) -> None:
+    """Poll `request` to completion (under MPICH faster than MPI's Wait, which also could not be
+    left): with collectives in flight, progressing them; when idle, looking for a mismatch."""
+    test = request.Test
+    if IN_FLIGHT.requests or IN_FLIGHT.queued or THREADED[1]:
+        IN_FLIGHT.progress_until(test, Watch(state, seq, signature).look)
+        return
+    idle, watch = 0, None
+    while not test():
+        idle += 1
+        if idle >= SPINS_BEFORE_YIELD:
+            if idle % LOOK_EVERY == 0:
+                if watch is None:
+                    watch = Watch(state, seq, signature)
+                watch.look()
+            back_off(idle)
 
 
 def _bytes(array: np.ndarray) -> memoryview:

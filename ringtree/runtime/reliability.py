@@ -15,8 +15,8 @@ answer nor ask within a grace period are named as not in the collective. The
 timed-out collective's receives are cancelled and the communicator is marked
 unusable, so the program can report the error and exit.
 
-Without check mode, the engine still compares the size of every message it
-receives with its receive: a difference raises MismatchError on that rank.
+Without check mode, the calls' signatures in their messages' tags still catch
+ranks that call differently (mismatch.py).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
+from .mismatch import CALL
 from .stalls import WAITING
 
-PING, PRESENT = 1, 2  # tags on the control communicator
+PING, PRESENT = 1, 2  # tags on the control communicator (mismatch.py's CALL is 3)
 # How long a timed-out rank listens for the others' answers, and how often a waiting rank looks for questions.
 GRACE_SECONDS = 0.5
 ANSWER_EVERY_SECONDS = 0.005
@@ -151,6 +152,8 @@ def _ask_who_is_here(state, seq: int) -> dict[int, int]:
         if state.control.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
             source, tag = status.Get_source(), status.Get_tag()
             their_seq = state.control.recv(source=source, tag=tag)
+            if tag == CALL:  # a rank's signature (mismatch.py): it is in that call
+                their_seq = their_seq[0]
             present[source] = their_seq
             if tag == PING:
                 state.answers.append(state.control.isend(seq, source, PRESENT))

@@ -21,7 +21,9 @@ from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
 from . import stalls, timeline
+from .again import AGAIN
 from .engine import IN_FLIGHT
+from .mismatch import TagLayout
 from .native import NativePlan, free_plan
 from .threads import THREADED
 
@@ -31,6 +33,8 @@ _keyval: int | None = None
 # allreduce's repeat path may hold it.
 LAST: list = [(None, None)]
 _SETTING_UP = threading.Lock()  # one thread creates the keyval
+NATIVE_PLANS = 64
+NEVER_FREED: list = []  # the states of communicators that a mismatch, timeout or failure left unusable
 
 
 class CommState:
@@ -38,6 +42,7 @@ class CommState:
         """Set up ringtree on `comm`, collectively; with a `timeout`, give up (TimeoutError) if not
         every rank joins within it."""
         name = comm.Get_name() or "comm"
+        self.broken: Exception | None = None  # set by a mismatch, timeout or failure: not to be used again
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         # Every rank must make the same choices: compare what they depend on, once per communicator.
@@ -49,7 +54,8 @@ class CommState:
             if current.timeline:
                 timeline.start(current.timeline)
             stalls.watch(current.stall_warning)
-            mine = f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}"
+            mine = (f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}, "
+                    f"RINGTREE_SIGNATURES={int(current.signatures)}")
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the CallPlan (or NativePlan) allreduce built on the first call
@@ -73,26 +79,46 @@ class CommState:
         if failure is not None:
             self.free()
             raise type(failure)(f"ringtree on rank {self.rank}: {failure}")
-        self.tags = min(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB), 1 << 30) + 1  # the standard puts TAG_UB on COMM_WORLD only
+        self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
+        self.cycle, self.codes, self.mask = self.layout.calls, self.layout.codes, self.layout.codes - 1
         self.calls = 0
         self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
-        self.answers: list = []  # replies in flight to other ranks' questions
-        self.broken: Exception | None = None  # set by a timeout: this communicator is not to be used again
+        self.answers: list = []  # replies and signatures in flight to other ranks
+        self.reports: dict = {}  # {call number: {rank: its (seq, Signature, raised)}}: other ranks' signatures
         self.tuner = None if current.tune == "off" else _tuner(self.comm, current)
+        self.signatures = current.signatures
 
     def free(self) -> None:
-        self.broken = ValueError("the communicator was freed")  # allreduce's repeat paths check it
+        broken, self.broken = self.broken, ValueError("the communicator was freed")  # the repeat paths check it
+        if broken is not None:
+            # Messages of the call that broke it may still come: were its communicators freed, MPI
+            # could give their context to a new one, and the messages to its receives.
+            NEVER_FREED.append(self)
+            return
         for plan in self.plans.values():
             if type(plan) is NativePlan:
                 free_plan(plan)
         self.comm.Free()
         self.control.Free()
 
-    def next_tag(self) -> int:
-        """A tag for the next collective: ranks call collectives in the same order, so they agree."""
-        tag = self.calls % self.tags
-        self.calls += 1
-        return tag
+    def make_room(self) -> None:
+        """Before a native plan is made: keep at most NATIVE_PLANS, each of which holds a communicator,
+        freeing the oldest (plans are made at the same calls on every rank, so it is the same one)."""
+        natives = [key for key, plan in self.plans.items() if type(plan) is NativePlan]
+        if len(natives) < NATIVE_PLANS:
+            return
+        oldest = self.plans.pop(natives[0])
+        for key in [key for key, plan in self.repeats.items() if plan is oldest]:
+            del self.repeats[key]
+        AGAIN.clear()  # its runs may hold the plan's request
+        free_plan(oldest)
+
+    def next_tag(self, code: int) -> int:
+        """The tag of the next collective, of signature `code` (mismatch.py): ranks call collectives in
+        the same order, so they agree on it if they agree on the call."""
+        seq = self.calls
+        self.calls = seq + 1
+        return (seq % self.cycle) * self.codes + (code & self.mask)  # TagLayout.tag, inlined: every call makes one
 
 
 def cache_identity(comm: MPI.Comm) -> dict:

@@ -12,21 +12,28 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from ..errors import MismatchError
 from ..schedule import OpKind
 from .compiled import EXCHANGE
+from .engine import back_off
 from .failures import error_classes, translated, wrong_size
+from .mismatch import LOOK_EVERY, Evidence, Signature, Watch, everywhere
 
 __all__ = ["bound_steps", "run_stepwise"]
 
-BYTE = MPI.BYTE
+BYTE, ANY_TAG = MPI.BYTE, MPI.ANY_TAG
+# Messages up to this size go out at once under every MPI we know (Open MPI's shared memory sends
+# 4 KiB eagerly, MPICH's more): a blocking send of one cannot wait for a peer that makes another call.
+EAGER_BYTES = 1024
 SEND, RECV, REDUCE, COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
 
 
 def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
     """Compiled steps (CompiledSchedule.steps) bound to a call's buffers: each region made an array
     (a message's as [region, MPI.BYTE]), once, so that a call repeated on the same arrays reuses them.
-    First the MPI.Status its receives fill, then (EXCHANGE, send, to, receive, from, receive bytes),
-    (SEND, message, to), (RECV, message, from, bytes), (REDUCE, left, right, out), (COPY, to, from)."""
+    First the MPI.Status its receives fill, then (EXCHANGE, send, to, receive, from, receive bytes,
+    send bytes), (SEND, message, to, bytes), (RECV, message, from, bytes), (REDUCE, left, right, out),
+    (COPY, to, from)."""
     def region(buffer, elements):
         return buffers[buffer] if elements is None else buffers[buffer][elements]
 
@@ -35,8 +42,8 @@ def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
         kind = step[0]
         if kind is EXCHANGE:
             _, to, send, source, receive = step
-            into = region(*receive)
-            bound.append((EXCHANGE, [region(*send), BYTE], to, [into, BYTE], source, into.nbytes))
+            into, out = region(*receive), region(*send)
+            bound.append((EXCHANGE, [out, BYTE], to, [into, BYTE], source, into.nbytes, out.nbytes))
         elif kind is REDUCE:
             _, out, left, right = step
             bound.append((REDUCE, region(*left), region(*right), region(*out)))
@@ -44,23 +51,120 @@ def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
             bound.append((COPY, region(*step[1]), region(*step[2])))
         else:
             message = region(*step[2])
-            bound.append((kind, [message, BYTE], step[1]) if kind is SEND
-                         else (kind, [message, BYTE], step[1], message.nbytes))
+            bound.append((kind, [message, BYTE], step[1], message.nbytes))
     return tuple(bound)
 
 
-def run_stepwise(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
-    """Run bound steps (`bound_steps`) to the end. Messages go as bytes; a message of another size
-    than its receive raises MismatchError."""
+def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signature) -> None:
+    """Run bound steps (`bound_steps`) of a call of `signature` on `state`'s communicator to the end.
+    Messages go as bytes, tagged with the call's signature (mismatch.py). A receive takes any tag
+    from its peer, so that a message of a call that differs, or a rank's notice of a mismatch, ends
+    it; every wait polls, looking for signs of a mismatch while idle, as a rank blocked inside MPI
+    could wait for ever on ranks that make another call. Either, or a message of another size than
+    its receive, raises MismatchError on every rank. With RINGTREE_SIGNATURES=0, each step waits
+    inside MPI, and a message of another size raises MismatchError on this rank only."""
+    comm = state.comm
+    tag = state.next_tag(signature.code)
+    if not state.signatures:
+        _run_blocking(steps, reduce, copy, comm, tag)
+        return
+    status = steps[0]
+    received = sent = None
+    try:
+        for step in steps[1:]:
+            kind = step[0]
+            if kind is EXCHANGE:
+                _, send, to, receive, source, nbytes, send_bytes = step
+                received, sent = comm.Irecv(receive, source, ANY_TAG), None
+                if send_bytes <= EAGER_BYTES:  # MPI sends it at once: a blocking send cannot wait on the peer
+                    comm.Send(send, to, tag)
+                else:
+                    sent = comm.Isend(send, to, tag)
+                if not received.Test(status):
+                    _wait(received, status, state, signature)
+                if status.Get_tag() != tag or status.Get_count(BYTE) != nbytes:
+                    raise _unexpected(status, source, tag, nbytes)
+                if sent is not None and not sent.Test():
+                    _wait(sent, None, state, signature)
+            elif kind is REDUCE:
+                _, left, right, out = step
+                reduce(left, right, out)
+            elif kind is COPY:
+                copy(step[1], step[2])
+            elif kind is SEND:
+                if step[3] <= EAGER_BYTES:
+                    comm.Send(step[1], step[2], tag)
+                else:
+                    sent = comm.Isend(step[1], step[2], tag)
+                    if not sent.Test():
+                        _wait(sent, None, state, signature)
+            else:
+                _, message, source, nbytes = step
+                received = comm.Irecv(message, source, ANY_TAG)
+                if not received.Test(status):
+                    _wait(received, status, state, signature)
+                if status.Get_tag() != tag or status.Get_count(BYTE) != nbytes:
+                    raise _unexpected(status, source, tag, nbytes)
+    except Evidence as evidence:
+        _cancel(received, sent)
+        raise everywhere(state, state.calls - 1, signature, evidence.why(state.layout)) from None
+    except MPI.Exception as error:
+        _cancel(received, sent)
+        peer = step[4] if step[0] is EXCHANGE else step[2]  # an exchange names the rank it receives from
+        ours = translated(error_classes(error, [status]), comm, True, peer)
+        if ours is None:
+            raise
+        if isinstance(ours, MismatchError):
+            raise everywhere(state, state.calls - 1, signature,
+                             f"a message from rank {peer} was larger than its receive") from None
+        raise ours from None
+    except MismatchError:  # another rank's, seen while waiting
+        _cancel(received, sent)
+        raise
+
+
+def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Signature) -> None:
+    """Poll a request of the stepwise path, looking for a mismatch while idle (mismatch.Watch)."""
+    idle, watch = 0, None
+    while not request.Test(status):
+        idle += 1
+        if idle % LOOK_EVERY == 0:
+            if watch is None:
+                watch = Watch(state, state.calls - 1, signature)
+            watch.look()
+        back_off(idle)
+
+
+def _cancel(received: MPI.Request | None, sent: MPI.Request | None) -> None:
+    """After a mismatch: a receive still posted must not land in the caller's array later."""
+    try:
+        if received is not None and received != MPI.REQUEST_NULL:
+            received.Cancel()
+            received.Wait()
+        if sent is not None and sent != MPI.REQUEST_NULL:
+            sent.Free()  # a send a peer may still take: MPI drops it at the end
+    except MPI.Exception:
+        pass
+
+
+def _unexpected(status: MPI.Status, source: int, tag: int, nbytes: int) -> Evidence:
+    if status.Get_tag() == tag:
+        return Evidence(wrong_size(source, status.Get_count(BYTE), nbytes))
+    return Evidence("", source, status.Get_tag())
+
+
+def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
+    """The steps with blocking MPI, each receive of `tag` only (RINGTREE_SIGNATURES=0)."""
     status = steps[0]
     try:
         for step in steps[1:]:
             kind = step[0]
             if kind is EXCHANGE:
-                _, send, to, receive, source, nbytes = step
+                _, send, to, receive, source, nbytes, _ = step
                 comm.Sendrecv(send, to, tag, receive, source, tag, status)
                 if status.Get_count(BYTE) != nbytes:
-                    raise wrong_size(comm, source, status.Get_count(BYTE), nbytes)
+                    raise MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: "
+                                        + wrong_size(source, status.Get_count(BYTE), nbytes))
             elif kind is REDUCE:
                 _, left, right, out = step
                 reduce(left, right, out)
@@ -72,7 +176,8 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: in
                 _, message, source, nbytes = step
                 comm.Recv(message, source, tag, status)
                 if status.Get_count(BYTE) != nbytes:
-                    raise wrong_size(comm, source, status.Get_count(BYTE), nbytes)
+                    raise MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: "
+                                        + wrong_size(source, status.Get_count(BYTE), nbytes))
     except MPI.Exception as error:
         peer = step[4] if step[0] is EXCHANGE else step[2]  # an exchange names the rank it receives from
         ours = translated(error_classes(error, [status]), comm, True, peer)

@@ -1,0 +1,217 @@
+"""Mismatches between ranks, caught by default: a call's signature travels with its messages.
+
+Every plan has a Signature: its count, dtype, op, algorithm and segment as the
+caller gave them, and a 16-bit code of them (dtype, op and algorithm exactly,
+count and segment by a 4-bit hash). ringtree's messages carry the code in
+their tag, under the call number, so messages of calls that differ never
+match: a stepwise receive takes any tag from its peer and compares; the
+engine's receives stay unmatched, and its idle waits look (`look`) for a
+message of this call with another code. MPI's own allreduce runs on a
+communicator of its plan's own, agreed on when the plan is made, so native
+calls that differ never match either. A wait that makes no progress for
+ANNOUNCE_SECONDS tells the other ranks, on the control communicator, which call
+it is in; a rank in the same call with another signature sees the difference.
+
+A rank that sees a difference tells every other rank (`everywhere`): a
+NOTICE on the private communicator, which ends a blocking receive from it,
+and its signature on the control communicator, which a polling wait reads.
+Each rank that learns of it does the same, then gathers the others'
+signatures for at most GATHER_SECONDS, taking in whatever messages are
+still coming to it, and raises MismatchError naming the ranks and what differs.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms import ALGORITHMS
+from ..errors import MismatchError
+from ..ops import ReduceOp
+
+__all__ = ["Signature", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "CALL"]
+
+CALL = 3  # the control communicator's tag for a rank's signature (reliability.py uses 1 and 2)
+ANNOUNCE_SECONDS = 0.2  # a wait idle this long tells the others which call it is in
+GATHER_SECONDS = 4.0  # how long a rank that raises waits for the others' signatures
+LOOK_EVERY = 256  # empty polls between looks for another rank's signature
+
+_DTYPES = "?bBhHiIlLqQefdgFDG"
+_OPS = [op.value for op in ReduceOp]
+_ALGORITHMS = ["auto", *ALGORITHMS]
+_FIELDS = ("count", "dtype", "op", "algorithm", "segment")
+
+
+class Signature(NamedTuple):
+    """A call as the ranks must agree on it, and its code in the tags."""
+
+    code: int
+    count: int
+    dtype: str
+    op: str
+    algorithm: str
+    segment: int | None
+
+
+def signature(count: int, dtype: np.dtype, op: str, algorithm: str, segment: int | None) -> Signature:
+    """dtype (5 bits), op (4), algorithm (3) exactly where known, count and segment hashed (4)."""
+    char = dtype.char if dtype.isnative else ""
+    kind = _DTYPES.index(char) if char in _DTYPES else 18 + _crc(dtype.str) % 14
+    hashed = _crc(f"{count},{segment}") & 15
+    code = (kind << 11) | (_OPS.index(op) << 7) | (_ALGORITHMS.index(algorithm) << 4) | hashed
+    return Signature(code, count, dtype.name, op, algorithm, segment)
+
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+class TagLayout(NamedTuple):
+    """Tags on the private communicator: call number × codes + code for data, and NOTICE above them."""
+
+    codes: int
+    calls: int
+    notice: int
+
+    @classmethod
+    def of(cls, tag_ub: int) -> TagLayout:
+        bits = min(tag_ub + 1, 1 << 30).bit_length() - 1
+        codes = 1 << min(16, bits - 8)  # the standard's smallest TAG_UB (32767) leaves 7 bits: codes hashed
+        calls = (1 << bits) // codes - 1
+        return cls(codes, calls, calls * codes)
+
+    def tag(self, seq: int, code: int) -> int:
+        return (seq % self.calls) * self.codes + (code & (self.codes - 1))
+
+
+class Evidence(Exception):
+    """What a rank saw that shows a mismatch, before it tells the others (`everywhere`): a message
+    from `source` with `tag`, or (tag None) what the text says."""
+
+    def __init__(self, why: str, source: int | None = None, tag: int | None = None) -> None:
+        super().__init__(why)
+        self.source, self.tag = source, tag
+
+    def why(self, layout: TagLayout) -> str:
+        return str(self) if self.tag is None else _seen(self.source, self.tag, layout)
+
+
+class Watch:
+    """A wait in one call, looking for signs of a mismatch while idle: `look()` between polls."""
+
+    __slots__ = ("state", "seq", "signature", "started", "announced", "give_up")
+
+    def __init__(self, state, seq: int, signature: Signature, give_up=None) -> None:
+        """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up)."""
+        self.state, self.seq, self.signature, self.give_up = state, seq, signature, give_up
+        self.started = time.perf_counter()
+        self.announced = False
+
+    def look(self) -> None:
+        """Raise MismatchError on every rank if a message or another rank's signature shows that the
+        ranks differ in this call; tell the others which call this rank is in once it has waited
+        ANNOUNCE_SECONDS."""
+        state, seq = self.state, self.seq
+        status = MPI.Status()
+        control = state.control
+        while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
+            source = status.Get_source()
+            theirs = _keep(state, source, control.recv(source=source, tag=CALL))
+            if theirs[0] == seq and (theirs[1] != self.signature or theirs[2]):
+                self.fail(f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else
+                                                        "another signature for this call"))
+        layout, comm, me = state.layout, state.comm, state.rank
+        mine = layout.tag(seq, self.signature.code)
+        for source in range(state.size):
+            if source == me or not comm.Iprobe(source, MPI.ANY_TAG, status):
+                continue
+            tag = status.Get_tag()
+            if tag == layout.notice or (tag // layout.codes == seq % layout.calls and tag != mine):
+                self.fail(_seen(source, tag, layout))
+        if not self.announced and time.perf_counter() - self.started > ANNOUNCE_SECONDS:
+            self.announced = True
+            _tell(state, seq, self.signature, False)
+
+    def fail(self, why: str):
+        error = everywhere(self.state, self.seq, self.signature, why)
+        if self.give_up is not None:
+            self.give_up(error)
+        raise error
+
+
+def _seen(source: int, tag: int, layout: TagLayout) -> str:
+    if tag == layout.notice:
+        return f"rank {source} reports a mismatch"
+    return f"a message from rank {source} is of a call with another signature"
+
+
+def _keep(state, source: int, theirs: tuple) -> tuple:
+    """Keep a rank's signature (seq, Signature, raised) for the message of an error in that call."""
+    reports = state.reports
+    if theirs[0] not in reports:
+        for old in [seq for seq in reports if seq < theirs[0] - 8]:
+            del reports[old]
+    reports.setdefault(theirs[0], {})[source] = theirs
+    return theirs
+
+
+def _tell(state, seq: int, signature: Signature, raised: bool) -> None:
+    state.answers = [request for request in state.answers if not request.Test()]
+    for rank in range(state.size):
+        if rank != state.rank:
+            state.answers.append(state.control.isend((seq, signature, raised), rank, CALL))
+
+
+def everywhere(state, seq: int, signature: Signature, why: str) -> MismatchError:
+    """The MismatchError for call #seq, once every rank has been told of it: tell them (a NOTICE and
+    this rank's signature), gather their signatures for at most GATHER_SECONDS while taking in the
+    messages still coming, and mark the communicator unusable. Returned for the caller to raise."""
+    if isinstance(state.broken, MismatchError):
+        return state.broken
+    comm, control, me = state.comm, state.control, state.rank
+    for rank in range(state.size):
+        if rank != me:
+            comm.Isend([b"", MPI.BYTE], rank, state.layout.notice).Free()
+    _tell(state, seq, signature, True)
+    others = state.size - 1
+    status = MPI.Status()
+    deadline = time.perf_counter() + GATHER_SECONDS
+    reports = state.reports.setdefault(seq, {})
+    while len(reports) < others and time.perf_counter() < deadline:
+        idle = True
+        while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
+            idle = False
+            source = status.Get_source()
+            _keep(state, source, control.recv(source=source, tag=CALL))
+        message = comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+        if message is not None:  # a message of this call, which a blocked sender waits to hand over
+            idle = False
+            message.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
+        if idle:
+            time.sleep(0.0005)
+    error = MismatchError(_message(state, seq, signature, why, reports))
+    state.broken = error
+    return error
+
+
+def _message(state, seq: int, signature: Signature, why: str, reports: dict) -> str:
+    from .reliability import _ranks
+    everyone = {state.rank: signature, **{rank: report[1] for rank, report in reports.items() if report[0] == seq}}
+    differences = []
+    for k, field in enumerate(_FIELDS, start=1):
+        holders: dict = {}
+        for rank in sorted(everyone):
+            holders.setdefault(everyone[rank][k], []).append(rank)
+        if len(holders) > 1:
+            differences.append(f"{field}: " + "; ".join(f"{value!r} on {_ranks(ranks)}" for value, ranks in holders.items()))
+    silent = [rank for rank in range(state.size) if rank not in everyone]
+    if silent:
+        differences.append(f"no signature from {_ranks(silent)} within {GATHER_SECONDS:g} s")
+    mine = signature
+    return (f"ringtree allreduce on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree at call #{seq} "
+            f"(here {mine.count} elements of {mine.dtype}, {mine.op}, algorithm {mine.algorithm}): "
+            + (" | ".join(differences) or why) + f" ({why})")
