@@ -33,11 +33,11 @@ from ..algorithms import ALGORITHMS
 from ..errors import MismatchError
 from ..ops import ReduceOp
 
-__all__ = ["Signature", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "CALL"]
+__all__ = ["Signature", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "ranks_text", "CALL"]
 
 CALL = 3  # the control communicator's tag for a rank's signature (reliability.py uses 1 and 2)
 ANNOUNCE_SECONDS = 0.2  # a wait idle this long tells the others which call it is in
-GATHER_SECONDS = 4.0  # how long a rank that raises waits for the others' signatures
+GATHER_SECONDS = 6.0  # how long a rank that raises waits for the others' signatures
 LOOK_EVERY = 256  # empty polls between looks for another rank's signature
 
 _DTYPES = "?bBhHiIlLqQefdgFDG"
@@ -199,7 +199,6 @@ def everywhere(state, seq: int, signature: Signature, why: str) -> MismatchError
 
 
 def _message(state, seq: int, signature: Signature, why: str, reports: dict) -> str:
-    from .reliability import _ranks
     everyone = {state.rank: signature, **{rank: report[1] for rank, report in reports.items() if report[0] == seq}}
     differences = []
     for k, field in enumerate(_FIELDS, start=1):
@@ -207,11 +206,20 @@ def _message(state, seq: int, signature: Signature, why: str, reports: dict) -> 
         for rank in sorted(everyone):
             holders.setdefault(everyone[rank][k], []).append(rank)
         if len(holders) > 1:
-            differences.append(f"{field}: " + "; ".join(f"{value!r} on {_ranks(ranks)}" for value, ranks in holders.items()))
+            differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
     silent = [rank for rank in range(state.size) if rank not in everyone]
     if silent:
-        differences.append(f"no signature from {_ranks(silent)} within {GATHER_SECONDS:g} s")
-    mine = signature
+        differences.append(f"no signature from {ranks_text(silent)} within {GATHER_SECONDS:g} s")
     return (f"ringtree allreduce on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree at call #{seq} "
-            f"(here {mine.count} elements of {mine.dtype}, {mine.op}, algorithm {mine.algorithm}): "
+            f"(here {signature.count} elements of {signature.dtype}, {signature.op}, algorithm {signature.algorithm}): "
             + (" | ".join(differences) or why) + f" ({why})")
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """'rank 3' or 'ranks 0-2, 5'."""
+    spans, start = [], ranks[0]
+    for previous, current in zip(ranks, ranks[1:] + [None]):
+        if current != previous + 1:
+            spans.append(f"{start}" if start == previous else f"{start}-{previous}")
+            start = current
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
-from .mismatch import CALL
+from .mismatch import CALL, ranks_text
 from .stalls import WAITING
 
 PING, PRESENT = 1, 2  # tags on the control communicator (mismatch.py's CALL is 3)
@@ -87,23 +87,13 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
         for rank, value in enumerate(everyone):
             holders.setdefault(value[k], []).append(rank)
         if len(holders) > 1:
-            differences.append(f"{field}: " + "; ".join(f"{value!r} on {_ranks(ranks)}" for value, ranks in holders.items()))
+            differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
     raise MismatchError(f"ringtree allreduce on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree "
                         f"at call #{seq}: " + " | ".join(differences))
 
 
 def _code(text: str) -> int:
     return zlib.crc32(text.encode())
-
-
-def _ranks(ranks: list[int]) -> str:
-    """'rank 3' or 'ranks 0-2, 5'."""
-    spans, start = [], ranks[0]
-    for previous, current in zip(ranks, ranks[1:] + [None]):
-        if current != previous + 1:
-            spans.append(f"{start}" if start == previous else f"{start}-{previous}")
-            start = current
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
 
 
 def answer_questions(state, seq: int) -> None:
@@ -135,7 +125,7 @@ def timed_out(execution, waiting: list[int], timeout: float) -> TimeoutError:
 def _whereabouts(missing: list[int], elsewhere: dict[int, int]) -> str:
     text = ""
     if missing:
-        text += f"; not in any ringtree collective on this communicator: {_ranks(missing)}"
+        text += f"; not in any ringtree collective on this communicator: {ranks_text(missing)}"
     if elsewhere:
         text += "; in another call: " + ", ".join(f"rank {r} in #{s}" for r, s in sorted(elsewhere.items()))
     return text
