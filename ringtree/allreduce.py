@@ -10,6 +10,7 @@ import inspect
 import sys
 import time
 import types
+from contextlib import nullcontext
 from functools import partial
 from typing import NamedTuple
 
@@ -21,16 +22,16 @@ from .checks import checked, checked_timeout
 from .errors import TimeoutError
 from .ops import ReduceOp, known_op, parse_op
 from .runtime import reliability, timeline
-from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, steps_runner
+from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repeat_of, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, LOCK, Execution
-from .runtime.mismatch import Signature, Watch, signature
+from .runtime.mismatch import UNKNOWN, Signature, Watch, everywhere, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native
 from .runtime.stalls import WAITING
-from .runtime.state import LAST, comm_state
+from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
-from .runtime.threads import THREADED, get_ident, note_thread
+from .runtime.threads import THREADED, get_ident, note_thread, one_caller
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
@@ -107,8 +108,16 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             WAITING[0] = None
             WAITING[1] += 1
         return recvbuf
+    if THREADED[1]:
+        with one_caller(comm, _second_thread):
+            return _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    return _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+
+
+def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
+    """allreduce past its fastest path."""
     trial = None
-    repeat = _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    repeat = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if repeat is not None:
         call, state, steps, source, target, inplace = repeat
         result, repeatable = recvbuf, True
@@ -125,7 +134,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         repeatable = (trial is None and check is None and segment is None and not settings.current().check
                       and known_op(op) is not None)
         if repeatable:
-            state.repeats[_op_key(op), algorithm, target.dtype, target.size, inplace] = call
+            state.repeats[op_key(op), algorithm, target.dtype, target.size, inplace] = call
     what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
     if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
             and (inplace or type(sendbuf) is NDARRAY) and not THREADED[1]):
@@ -153,51 +162,28 @@ def _watched(run, what) -> None:
         WAITING[1] += 1
 
 
-def _repeat(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
-    """The stepwise path's shortcut for a call like an earlier one on the same communicator: same op,
-    algorithm, dtype, size and in-place-ness, numpy arrays, default segment, check and timeout. Only
-    what may differ between such calls is checked: the arrays' layout, writability and overlap.
-    Returns (call plan, state, steps, source, target, in place), or None for `_prepare` to check the
-    call in full."""
-    last = LAST[0]  # read once: another thread may change it
-    if (get_ident() != THREADED[0] or THREADED[1]
-            or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
-            or type(algorithm) is not str or IN_FLIGHT.requests or IN_FLIGHT.queued
-            or (WORLD if comm is None else comm) is not last[0]):
-        return None
-    state = last[1]
-    inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
-    # The key as _op_key gives it, inlined: this path counts every 0.1 µs.
-    call = state.repeats.get((op if type(op) is str else id(op), algorithm, recvbuf.dtype, recvbuf.size, inplace))
-    flags = recvbuf.flags
-    if call is None or not flags.carray or state.broken is not None:  # carray: C-contiguous, writeable
-        return None
-    target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-    if inplace:
-        return call, state, call.in_place_steps, target, target, True
-    if type(sendbuf) is not NDARRAY or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
-        return None
-    flags = sendbuf.flags
-    if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
-        return None  # views may overlap, which _prepare checks
-    return call, state, call.steps, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target, False
-
-
-def _op_key(op):
-    """An op in the repeat path's cache: a name by value, one of MPI's predefined ops or ReduceOp's
-    members by identity (they live as long as the process)."""
-    return op if type(op) is str else id(op)
-
-
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
                timeout=None) -> Request:
     """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
     waiting on it; in check mode, the ranks agree before this returns)."""
-    call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
-        sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
-    if call is None:
-        return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
-    return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
+    with one_caller(comm, _second_thread) if THREADED[1] else NOT_THREADED:
+        call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
+            sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+        if call is None:
+            return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+        return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
+
+
+NOT_THREADED = nullcontext()
+
+
+def _second_thread(comm, other: int):
+    """Raise MismatchError on every rank: a second thread calls on `comm` while thread `other` is in a
+    call on it (it raises too, once the other ranks have)."""
+    state = comm_state(MPI.COMM_WORLD if comm is None else comm)
+    reason = ("two threads were in calls on it at once; MPI needs one order of collectives on a communicator, which "
+              "two threads do not give: let each thread use a communicator of its own (comm.Dup())")
+    raise everywhere(state, state.calls, UNKNOWN, reason, reason)
 
 
 def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
@@ -344,7 +330,8 @@ def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segmen
     log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
     sign = signature(target.size, dtype, reduce_op.value, algorithm, segment)
     if choice.algorithm == NATIVE:
-        state.make_room()
+        if state.make_room():
+            AGAIN.clear()  # its runs may hold the plan freed
         call = state.plans[plan_key] = native_plan(reduce_op, backend.divide, state, target.size, dtype, sign)
         return call
     stepwise = choice.stepwise and not backend.asynchronous

@@ -13,17 +13,18 @@ from mpi4py import MPI
 from conftest import assert_everywhere, run_mpiexec
 from ringtree.allreduce import allreduce, iallreduce
 
-# Sizes in int64 elements: the stepwise path, the engine unsplit and in segments, and MPI's own.
-COUNTS = (1, 128, 8192, 1 << 17)
+# Sizes in int64 elements, 8 B to 4 MiB: the stepwise path, the engine unsplit and in segments, and MPI's own.
+COUNTS = (1, 128, 8192, 1 << 17, 1 << 19)
 THREADS = 4
+CALLS = 250  # per thread: 1,000 in all
 
 
 def hammer(comm):
-    """4 threads, each with a communicator of its own, 24 calls each from 8 B to 1 MiB, blocking,
-    in place and nonblocking, every fourth request waited on by the next thread; against the sums of
-    every rank's inputs, exact in integers."""
+    """4 threads, each with two communicators of its own, taken in turn, 250 calls each from 8 B to
+    4 MiB, blocking, in place and nonblocking, every fourth request waited on by the next thread;
+    against the sums of every rank's inputs, exact in integers."""
     rank = comm.Get_rank()
-    comms = [comm.Dup() for _ in range(THREADS)]  # made in one thread, in the same order on every rank
+    comms = [comm.Dup() for _ in range(2 * THREADS)]  # made in one thread, in the same order on every rank
     handed = [queue.Queue() for _ in range(THREADS)]  # requests a thread started, for the next one to wait on
     failures = []
 
@@ -36,9 +37,9 @@ def hammer(comm):
         return np.random.default_rng((of_rank, k, call)).integers(-1000, 1000, count).astype(np.int64)
 
     def work(k):
-        own = comms[k]
         try:
-            for call in range(24):
+            for call in range(CALLS):
+                own = comms[2 * k + call % 2]
                 data = inputs(k, call, rank)
                 # Every rank's inputs, made here: a blocking MPI call in this thread would not progress
                 # the ringtree requests other threads leave to it (nor does it in one thread).
@@ -85,12 +86,52 @@ HAMMER = """
 
 
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
-@pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.parametrize("nranks", [2, 3, 4, 8])
 def test_threads_on_communicators_of_their_own_get_right_results_and_wait_on_each_others_requests(nranks):
     # A job of its own: once a second thread has called, no ringtree call in the process waits inside
     # MPI any more (runtime/threads.py), which the other tests should not run under.
-    run = run_mpiexec(nranks, "-c", textwrap.dedent(HAMMER), os.path.dirname(__file__), timeout=240)
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(HAMMER), os.path.dirname(__file__), timeout=400)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+SAME_COMMUNICATOR = """
+    import threading, time
+    import numpy as np
+    from mpi4py import MPI
+    import ringtree
+    from ringtree.allreduce import allreduce
+    comm = MPI.COMM_WORLD.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    allreduce(np.ones(4), comm=comm)
+    outcomes = []
+
+    def work(k):
+        data = np.full(100_000, float(rank + 1))
+        try:
+            for _ in range(40):
+                allreduce(data, comm=comm)
+            outcomes.append("no error")
+        except ringtree.MismatchError as error:
+            outcomes.append(str(error))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    said = any("two threads were in calls on it at once" in outcome for outcome in outcomes)
+    print(f"rank {rank}: {'two threads named' if said else outcomes} after {time.perf_counter() - started:.1f} s")
+"""
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_two_threads_in_calls_on_one_communicator_get_an_error_on_every_rank_not_a_hang(nranks):
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(SAME_COMMUNICATOR), timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in range(nranks):
+        assert f"rank {rank}: two threads named after" in run.stdout, run.stdout
 
 
 SERIALIZED = """

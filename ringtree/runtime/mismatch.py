@@ -22,6 +22,7 @@ still coming to it, and raises MismatchError naming the ranks and what differs.
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from typing import NamedTuple
@@ -33,10 +34,10 @@ from ..algorithms import ALGORITHMS
 from ..errors import MismatchError
 from ..ops import ReduceOp
 
-__all__ = ["Signature", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "ranks_text", "CALL"]
+__all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "ranks_text", "CALL"]
 
 CALL = 3  # the control communicator's tag for a rank's signature (reliability.py uses 1 and 2)
-ANNOUNCE_SECONDS = 0.2  # a wait idle this long tells the others which call it is in
+ANNOUNCE_SECONDS = 0.5  # a wait in MPI's own allreduce idle this long tells the others which call it is in
 GATHER_SECONDS = 6.0  # how long a rank that raises waits for the others' signatures
 LOOK_EVERY = 256  # empty polls between looks for another rank's signature
 
@@ -55,6 +56,9 @@ class Signature(NamedTuple):
     op: str
     algorithm: str
     segment: int | None
+
+
+UNKNOWN = Signature(-1, -1, "", "", "", None)  # a call stopped before its signature was known
 
 
 def signature(count: int, dtype: np.dtype, op: str, algorithm: str, segment: int | None) -> Signature:
@@ -105,22 +109,28 @@ class Watch:
 
     __slots__ = ("state", "seq", "signature", "started", "announced", "give_up")
 
-    def __init__(self, state, seq: int, signature: Signature, give_up=None) -> None:
-        """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up)."""
+    def __init__(self, state, seq: int, signature: Signature, give_up=None, announce: bool = False) -> None:
+        """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up).
+        `announce`: a wait in MPI's own allreduce, whose messages show nothing of its call, tells the
+        others which call it is in once idle ANNOUNCE_SECONDS."""
         self.state, self.seq, self.signature, self.give_up = state, seq, signature, give_up
         self.started = time.perf_counter()
-        self.announced = False
+        self.announced = not announce
 
     def look(self) -> None:
         """Raise MismatchError on every rank if a message or another rank's signature shows that the
         ranks differ in this call; tell the others which call this rank is in once it has waited
         ANNOUNCE_SECONDS."""
         state, seq = self.state, self.seq
+        if isinstance(state.broken, MismatchError):  # another thread of this rank found it (and took in our messages)
+            self.fail("")
         status = MPI.Status()
         control = state.control
         while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
             source = status.Get_source()
             theirs = _keep(state, source, control.recv(source=source, tag=CALL))
+            if theirs[3]:  # a rank found two threads in calls on this communicator at once
+                self.fail(f"rank {source} reports: {theirs[3]}")
             if theirs[0] == seq and (theirs[1] != self.signature or theirs[2]):
                 self.fail(f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else
                                                         "another signature for this call"))
@@ -133,7 +143,7 @@ class Watch:
             if tag == layout.notice or (tag // layout.codes == seq % layout.calls and tag != mine):
                 self.fail(_seen(source, tag, layout))
         if not self.announced and time.perf_counter() - self.started > ANNOUNCE_SECONDS:
-            self.announced = True
+            self.announced = state.announced = True  # state.free keeps the communicators: the others may not take it
             _tell(state, seq, self.signature, False)
 
     def fail(self, why: str):
@@ -150,38 +160,49 @@ def _seen(source: int, tag: int, layout: TagLayout) -> str:
 
 
 def _keep(state, source: int, theirs: tuple) -> tuple:
-    """Keep a rank's signature (seq, Signature, raised) for the message of an error in that call."""
+    """Keep a rank's signature (seq, Signature, raised, reason) for the message of an error in that call."""
     reports = state.reports
     if theirs[0] not in reports:
         for old in [seq for seq in reports if seq < theirs[0] - 8]:
             del reports[old]
     reports.setdefault(theirs[0], {})[source] = theirs
+    if theirs[2]:
+        state.raised.add(source)
     return theirs
 
 
-def _tell(state, seq: int, signature: Signature, raised: bool) -> None:
+def _tell(state, seq: int, signature: Signature, raised: bool, reason: str = "") -> None:
     state.answers = [request for request in state.answers if not request.Test()]
     for rank in range(state.size):
         if rank != state.rank:
-            state.answers.append(state.control.isend((seq, signature, raised), rank, CALL))
+            state.answers.append(state.control.isend((seq, signature, raised, reason), rank, CALL))
 
 
-def everywhere(state, seq: int, signature: Signature, why: str) -> MismatchError:
+def everywhere(state, seq: int, signature: Signature, why: str, reason: str = "") -> MismatchError:
     """The MismatchError for call #seq, once every rank has been told of it: tell them (a NOTICE and
-    this rank's signature), gather their signatures for at most GATHER_SECONDS while taking in the
-    messages still coming, and mark the communicator unusable. Returned for the caller to raise."""
-    if isinstance(state.broken, MismatchError):
+    this rank's signature, and `reason` where it is not a difference between calls), and gather
+    their signatures until each has raised too, for at most GATHER_SECONDS, taking in the messages
+    still coming meanwhile; mark the communicator unusable. Returned for the caller to raise."""
+    with _TELLING:  # one thread tells and gathers; another that finds the mismatch too gets its error
+        if not isinstance(state.broken, MismatchError):
+            state.broken = _told(state, seq, signature, why, reason)
         return state.broken
+
+
+_TELLING = threading.Lock()
+
+
+def _told(state, seq: int, signature: Signature, why: str, reason: str) -> MismatchError:
     comm, control, me = state.comm, state.control, state.rank
     for rank in range(state.size):
         if rank != me:
             comm.Isend([b"", MPI.BYTE], rank, state.layout.notice).Free()
-    _tell(state, seq, signature, True)
+    _tell(state, seq, signature, True, reason)
     others = state.size - 1
     status = MPI.Status()
     deadline = time.perf_counter() + GATHER_SECONDS
     reports = state.reports.setdefault(seq, {})
-    while len(reports) < others and time.perf_counter() < deadline:
+    while len(state.raised) < others and time.perf_counter() < deadline:  # until every rank knows
         idle = True
         while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
             idle = False
@@ -193,12 +214,18 @@ def everywhere(state, seq: int, signature: Signature, why: str) -> MismatchError
             message.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
         if idle:
             time.sleep(0.0005)
-    error = MismatchError(_message(state, seq, signature, why, reports))
-    state.broken = error
-    return error
+    return MismatchError(_message(state, seq, signature, why, reason, reports))
 
 
-def _message(state, seq: int, signature: Signature, why: str, reports: dict) -> str:
+def _message(state, seq: int, signature: Signature, why: str, reason: str, reports: dict) -> str:
+    reasons = {state.rank: reason} if reason else {}
+    reasons.update({rank: report[3] for calls in state.reports.values() for rank, report in calls.items() if report[3]})
+    if reasons:
+        by_reason: dict = {}
+        for rank in sorted(reasons):
+            by_reason.setdefault(reasons[rank], []).append(rank)
+        return (f"ringtree allreduce on rank {state.rank} of {state.comm.Get_name()}: "
+                + "; ".join(f"on {ranks_text(ranks)}, {text}" for text, ranks in by_reason.items()))
     everyone = {state.rank: signature, **{rank: report[1] for rank, report in reports.items() if report[0] == seq}}
     differences = []
     for k, field in enumerate(_FIELDS, start=1):

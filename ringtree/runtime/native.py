@@ -125,7 +125,7 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature) -> None:
     left): with collectives in flight, progressing them; when idle, looking for a mismatch."""
     test = request.Test
     if IN_FLIGHT.requests or IN_FLIGHT.queued or THREADED[1]:
-        IN_FLIGHT.progress_until(test, Watch(state, seq, signature).look)
+        IN_FLIGHT.progress_until(test, Watch(state, seq, signature, announce=True).look)
         return
     idle, watch = 0, None
     while not test():
@@ -133,7 +133,7 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature) -> None:
         if idle >= SPINS_BEFORE_YIELD:
             if idle % LOOK_EVERY == 0:
                 if watch is None:
-                    watch = Watch(state, seq, signature)
+                    watch = Watch(state, seq, signature, announce=True)
                 watch.look()
             back_off(idle)
 

@@ -21,7 +21,6 @@ from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
 from . import stalls, timeline
-from .again import AGAIN
 from .engine import IN_FLIGHT
 from .mismatch import TagLayout
 from .native import NativePlan, free_plan
@@ -34,7 +33,7 @@ _keyval: int | None = None
 LAST: list = [(None, None)]
 _SETTING_UP = threading.Lock()  # one thread creates the keyval
 NATIVE_PLANS = 64
-NEVER_FREED: list = []  # the states of communicators that a mismatch, timeout or failure left unusable
+NEVER_FREED: list = []  # states whose communicators messages may still reach (a broken call, an announcement)
 
 
 class CommState:
@@ -43,6 +42,7 @@ class CommState:
         every rank joins within it."""
         name = comm.Get_name() or "comm"
         self.broken: Exception | None = None  # set by a mismatch, timeout or failure: not to be used again
+        self.announced = False  # whether this rank told the others which call it waited in (mismatch.py)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         # Every rank must make the same choices: compare what they depend on, once per communicator.
@@ -84,15 +84,17 @@ class CommState:
         self.calls = 0
         self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies and signatures in flight to other ranks
-        self.reports: dict = {}  # {call number: {rank: its (seq, Signature, raised)}}: other ranks' signatures
+        self.raised: set = set()  # the ranks that raised MismatchError on it (mismatch.py)
+        self.reports: dict = {}  # {call number: {rank: its (seq, Signature, raised, reason)}}: other ranks' signatures
         self.tuner = None if current.tune == "off" else _tuner(self.comm, current)
         self.signatures = current.signatures
 
     def free(self) -> None:
         broken, self.broken = self.broken, ValueError("the communicator was freed")  # the repeat paths check it
-        if broken is not None:
-            # Messages of the call that broke it may still come: were its communicators freed, MPI
-            # could give their context to a new one, and the messages to its receives.
+        if broken is not None or self.announced:
+            # Messages of the call that broke it, or this rank's word of which call it was in, may still
+            # be unreceived: were its communicators freed, MPI could give their context to a new one,
+            # and the messages to its receives.
             NEVER_FREED.append(self)
             return
         for plan in self.plans.values():
@@ -101,17 +103,18 @@ class CommState:
         self.comm.Free()
         self.control.Free()
 
-    def make_room(self) -> None:
+    def make_room(self) -> bool:
         """Before a native plan is made: keep at most NATIVE_PLANS, each of which holds a communicator,
-        freeing the oldest (plans are made at the same calls on every rank, so it is the same one)."""
+        freeing the oldest (plans are made at the same calls on every rank, so it is the same one).
+        Says whether it freed one (whose request runs kept on the same arrays may hold)."""
         natives = [key for key, plan in self.plans.items() if type(plan) is NativePlan]
         if len(natives) < NATIVE_PLANS:
-            return
+            return False
         oldest = self.plans.pop(natives[0])
         for key in [key for key, plan in self.repeats.items() if plan is oldest]:
             del self.repeats[key]
-        AGAIN.clear()  # its runs may hold the plan's request
         free_plan(oldest)
+        return True
 
     def next_tag(self, code: int) -> int:
         """The tag of the next collective, of signature `code` (mismatch.py): ranks call collectives in

@@ -7,10 +7,11 @@ any thread progresses the collectives every thread started (docs/design.md, "Thr
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 from mpi4py import MPI
 
-__all__ = ["THREADED", "note_thread"]
+__all__ = ["THREADED", "note_thread", "one_caller"]
 
 get_ident = threading.get_ident
 THREADED = [None, False]  # [the first calling thread's ident, whether another thread has called since]
@@ -35,3 +36,35 @@ def note_thread(comm: MPI.Comm) -> bool:
             "the thread that first did")
     THREADED[1] = True
     return True
+
+
+# comm handle -> [the thread in a call on it, how deep: ringtree's own calls on it within the call]
+_INSIDE: dict[int, list] = {}
+_INSIDE_LOCK = threading.Lock()
+
+
+@contextmanager
+def one_caller(comm, second):
+    """Once several threads call ringtree: the calling thread as the one in a call on `comm` until the
+    block ends. A thread that calls while another is in a call on the same communicator (an error in
+    MPI: the ranks would not order its collectives alike) gets `second(comm, other thread)`, which
+    raises."""
+    handle = getattr(MPI.COMM_WORLD if comm is None else comm, "handle", None)
+    if handle is None:  # not a communicator: the checks say so
+        yield
+        return
+    me = get_ident()
+    with _INSIDE_LOCK:
+        inside = _INSIDE.setdefault(handle, [me, 0])
+        mine = inside[0] == me
+        if mine:
+            inside[1] += 1
+    if not mine:
+        second(comm, inside[0])
+    try:
+        yield
+    finally:
+        with _INSIDE_LOCK:
+            inside[1] -= 1
+            if inside[1] == 0:
+                del _INSIDE[handle]

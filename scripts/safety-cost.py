@@ -1,14 +1,20 @@
-"""What the default mismatch detection costs: allreduce with RINGTREE_SIGNATURES on and off, and native MPI, in one run.
+"""What safety by default costs: allreduce with RINGTREE_SIGNATURES on and off, with the engine's
+thread lock and without it, and native MPI, in one run.
 
-    mpiexec -n 2 python scripts/signature-cost.py [--sizes 8,1M] [--algorithms auto,ring] [--iters 31]
+    mpiexec -n 2 python scripts/safety-cost.py [--sizes 8,1M] [--algorithms auto,ring] [--iters 31]
 
-Each setting gets a communicator of its own (the setting is read when ringtree
-sets a communicator up). Online tuning's trials are run first. Timing is
-bench's (turns in shuffled order, medians of the slowest rank).
+Each setting of RINGTREE_SIGNATURES gets a communicator of its own (the setting
+is read when ringtree sets a communicator up). "no lock" is the default with
+the engine's lock (engine.LOCK) swapped for one that does nothing, for its
+turns only: what the lock costs a single thread. Online tuning's trials are
+run first. Timing is bench's (turns in shuffled order, medians of the slowest
+rank).
 """
 
 import argparse
+import contextlib
 import os
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -17,8 +23,15 @@ from ringtree import settings
 from ringtree.allreduce import allreduce
 from ringtree.commands.arguments import format_size, parse_size
 from ringtree.commands.measure import time_in_turns
+from ringtree.runtime import engine
 
 WARM_UP = 60  # calls per size and algorithm: past online tuning's trials
+LOCK, NO_LOCK = engine.LOCK, contextlib.nullcontext()
+ALLREDUCE_MODULE = sys.modules["ringtree.allreduce"]  # the package's ringtree.allreduce is the function
+
+
+def locking(lock) -> None:
+    engine.LOCK = ALLREDUCE_MODULE.LOCK = lock  # the engine's uses, and allreduce's as it starts an execution
 
 
 def communicator_with(signatures: str) -> MPI.Comm:
@@ -39,21 +52,31 @@ def main() -> None:
     on, off = communicator_with("1"), communicator_with("0")
     if world.Get_rank() == 0:
         print(f"{world.Get_size()} ranks, float64 sum, medians of {args.iters} turns\n\n"
-              "| size | algorithm | native µs | signatures off µs | on µs | on / off |\n|---:|---|---:|---:|---:|---:|")
+              "| size | algorithm | native µs | signatures off µs | on (default) µs | on, no lock µs | on / off | lock's cost |\n"
+              "|---:|---|---:|---:|---:|---:|---:|---:|")
     for nbytes in map(parse_size, args.sizes.split(",")):
         data = np.ones(max(1, nbytes // 8))
         out = np.empty_like(data)
         for algorithm in args.algorithms.split(","):
+            def unlocked(data=data, out=out, a=algorithm):
+                locking(NO_LOCK)
+                try:
+                    allreduce(data, out, comm=on, algorithm=a)
+                finally:
+                    locking(LOCK)
+
             calls = {"native": lambda data=data, out=out: world.Allreduce(data, out),
                      "off": lambda data=data, out=out, a=algorithm: allreduce(data, out, comm=off, algorithm=a),
-                     "on": lambda data=data, out=out, a=algorithm: allreduce(data, out, comm=on, algorithm=a)}
+                     "on": lambda data=data, out=out, a=algorithm: allreduce(data, out, comm=on, algorithm=a),
+                     "no lock": unlocked}
             for call in calls.values():
                 for _ in range(WARM_UP):
                     call()
             median = time_in_turns(world, calls, 0.01, args.iters, 3.0)
             if world.Get_rank() == 0:
                 print(f"| {format_size(nbytes)} | {algorithm} | {median['native'] * 1e6:.2f} | {median['off'] * 1e6:.2f} | "
-                      f"{median['on'] * 1e6:.2f} | {median['on'] / median['off']:.3f} |", flush=True)
+                      f"{median['on'] * 1e6:.2f} | {median['no lock'] * 1e6:.2f} | {median['on'] / median['off']:.3f} | "
+                      f"{median['on'] / median['no lock'] - 1:+.1%} |", flush=True)
 
 
 if __name__ == "__main__":
