@@ -28,7 +28,7 @@ from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.mismatch import UNKNOWN, Signature, Watch, everywhere, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native
-from .runtime.stalls import WAITING
+from .runtime.stalls import WAITING, slot
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import THREADED, get_ident, note_thread, one_caller
@@ -154,12 +154,13 @@ def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
 
 def _watched(run, what) -> None:
     """run(), with the stall watchdog (runtime/stalls.py) told that this rank waits in `what`."""
-    WAITING[0] = what
+    waiting = slot()
+    waiting[0] = what
     try:
         run()
     finally:
-        WAITING[0] = None
-        WAITING[1] += 1
+        waiting[0] = None
+        waiting[1] += 1
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
@@ -315,12 +316,13 @@ def _line_up(state, signature, timeout) -> None:
                                f"before a tuning trial within {timeout:g} s")
         return False
 
-    WAITING[0] = f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial"
+    waiting = slot()
+    waiting[0] = f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial"
     try:
         # Backing off: ranks that outnumber the cores must get to run and arrive.
         IN_FLIGHT.progress_until(arrived, Watch(state, state.calls, signature).look)
     finally:
-        WAITING[0] = None
+        waiting[0] = None
 
 
 def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segment) -> CallPlan | NativePlan:

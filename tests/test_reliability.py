@@ -378,3 +378,34 @@ def test_a_rank_that_waits_with_no_progress_warns_at_each_interval_naming_whom_i
     assert not [line for line in run.stderr.splitlines() if "on rank 1 of" in line]  # it never waited long
     quiet, _ = _run_script(2, STALLS, "1.5", env={"RINGTREE_STALL_WARNING": "off"})
     assert quiet.returncode == 0 and "no progress" not in quiet.stderr, quiet.stderr
+
+
+THREAD_STALLS = """
+    import sys, threading, time
+    import numpy as np
+    from mpi4py import MPI
+    from ringtree.allreduce import allreduce
+    world = MPI.COMM_WORLD
+    rank, comms = world.Get_rank(), [world.Dup() for _ in range(2)]
+    for comm in comms:
+        allreduce(np.ones(4), comm=comm)  # sets up
+
+    def work(k):
+        if rank == 1 and k == 1:
+            time.sleep(2.6)  # late on the second thread's communicator only
+        allreduce(np.ones(1 << 16), comm=comms[k], algorithm="ring", segment=1 << 14)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+"""
+
+
+@one_rank_only
+def test_a_stall_in_one_thread_warns_while_another_thread_is_not_stalled():
+    run, _ = _run_script(2, THREAD_STALLS, env={"RINGTREE_STALL_WARNING": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    warnings = [line for line in run.stderr.splitlines() if "no progress for" in line]
+    assert warnings and all("on rank 0 of ringtree(comm)" in w and "it waits for rank 1" in w for w in warnings), run.stderr

@@ -24,7 +24,7 @@ from . import reliability, timeline
 from .compiled import CompiledSchedule
 from .failures import error_classes, failing, job_ends, source, translated, wrong_size
 from .mismatch import LOOK_EVERY, Signature, Watch
-from .stalls import WAITING
+from .stalls import slot
 
 __all__ = ["Execution", "InFlight", "IN_FLIGHT", "LOCK"]
 
@@ -260,7 +260,8 @@ class InFlight:
         idle = 0
         watch = None  # made once idle: it looks for signs of a mismatch (mismatch.py)
         last_progress = next_answer = time.perf_counter()
-        WAITING[0] = execution  # for the stall watchdog (stalls.py)
+        waiting = slot()  # for the stall watchdog (stalls.py)
+        waiting[0] = execution
         try:
             while not execution.done:
                 with LOCK:  # released between polls: another thread's wait progresses this execution too
@@ -271,7 +272,7 @@ class InFlight:
                     progressed = self._poll()
                 if progressed:
                     idle = 0
-                    WAITING[1] += 1
+                    waiting[1] += 1
                     if timeout is not None:
                         last_progress = time.perf_counter()
                     continue
@@ -291,7 +292,7 @@ class InFlight:
                     watch.look()
                 back_off(idle)
         finally:
-            WAITING[0] = None
+            waiting[0] = None
 
 
 def back_off(idle: int) -> None:

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
 from .mismatch import CALL, ranks_text
-from .stalls import WAITING
+from .stalls import slot
 
 PING, PRESENT = 1, 2  # tags on the control communicator (mismatch.py's CALL is 3)
 # How long a timed-out rank listens for the others' answers, and how often a waiting rank looks for questions.
@@ -61,12 +61,13 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
     mine, low = record[:10], record[10:]
     count, dtype, op, algorithm = call
     if timeout is None and blocking:
-        WAITING[0] = (f"allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
+        waiting = slot()
+        waiting[0] = (f"allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
                       f"{op}, algorithm {algorithm}), in check mode's comparison of the ranks' arguments")
         try:
             state.comm.Allreduce(mine, low, MPI.MIN)
         finally:
-            WAITING[0] = None
+            waiting[0] = None
     else:
         try:
             ringtree_allreduce(mine, low, timeout)

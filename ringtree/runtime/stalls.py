@@ -1,11 +1,11 @@
 """Stalls are never silent: a rank that waits in a collective with no progress for
 RINGTREE_STALL_WARNING seconds (60 by default) logs a warning, and again after each such interval.
 
-WAITING says what this process waits in: [what, progress]. A wait sets `what`
-(an Execution, a `Call`, anything with a `call` attribute giving one, or a
-description of its own) and
-clears it when done; every call and every message the engine completes bumps
-`progress`. A watchdog thread, started with the first communicator, samples it
+WAITING says what the first thread to call ringtree waits in: [what, progress];
+every other thread has a list of its own (`slot()`). A wait sets `what` (an
+Execution, a `Call`, anything with a `call` attribute giving one, or a
+description of its own) and clears it when done; every call and every message
+the engine completes in that thread's wait bumps `progress`. A watchdog thread, started with the first communicator, samples it
 every quarter interval (at most every second): the same wait with the same
 progress for an interval is a stall. The thread calls no MPI; it reads what the
 waiting thread left there.
@@ -18,10 +18,23 @@ import time
 from typing import NamedTuple
 
 from ..debug import log
+from .threads import THREADED, get_ident
 
-__all__ = ["WAITING", "Call", "watch"]
+__all__ = ["WAITING", "Call", "slot", "watch"]
 
 WAITING: list = [None, 0]
+_OTHERS: dict[int, list] = {}  # thread ident -> its [what, progress], for threads after the first
+
+
+def slot() -> list:
+    """The calling thread's [what, progress]: WAITING for the first thread that called ringtree."""
+    ident = get_ident()
+    if THREADED[0] is None or ident == THREADED[0]:
+        return WAITING
+    mine = _OTHERS.get(ident)
+    if mine is None:
+        mine = _OTHERS[ident] = [None, 0]
+    return mine
 
 
 class Call(NamedTuple):
@@ -50,17 +63,19 @@ def watch(interval: float | None) -> None:
 
 
 def _watch(interval: float) -> None:
-    seen, since, warned = (None, 0), time.monotonic(), 0
+    watched: dict = {}  # thread -> (what, progress) last seen, since when, warnings given
     while True:
         time.sleep(min(1.0, interval / 4))
-        now = (WAITING[0], WAITING[1])
-        if now[0] is None or now[0] is not seen[0] or now[1] != seen[1]:
-            seen, since, warned = now, time.monotonic(), 0
-            continue
-        stalled = time.monotonic() - since
-        if stalled >= (warned + 1) * interval:
-            warned += 1
-            log.warning("%s", _describe(now[0], stalled))
+        for thread, waiting in [(None, WAITING), *list(_OTHERS.items())]:
+            now = (waiting[0], waiting[1])
+            seen, since, warned = watched.get(thread, ((None, 0), 0.0, 0))
+            if now[0] is None or now[0] is not seen[0] or now[1] != seen[1]:
+                watched[thread] = (now, time.monotonic(), 0)
+                continue
+            stalled = time.monotonic() - since
+            if stalled >= (warned + 1) * interval:
+                watched[thread] = (seen, since, warned + 1)
+                log.warning("%s", _describe(now[0], stalled))
 
 
 def _describe(what, seconds: float) -> str:

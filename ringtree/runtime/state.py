@@ -162,14 +162,15 @@ def _free(comm, keyval, state) -> int:
 
 def _wait(*requests, timeout, rank, name) -> None:
     if timeout is None:
-        stalls.WAITING[0] = f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}"
+        waiting = stalls.slot()
+        waiting[0] = f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}"
         try:
             if not THREADED[1]:
                 MPI.Request.Waitall(requests)
                 return
             IN_FLIGHT.progress_until(lambda: MPI.Request.Testall(requests))  # other threads' collectives move meanwhile
         finally:
-            stalls.WAITING[0] = None
+            waiting[0] = None
         return
     deadline = time.perf_counter() + timeout
     while not MPI.Request.Testall(requests):
