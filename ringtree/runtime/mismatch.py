@@ -75,7 +75,8 @@ def _crc(text: str) -> int:
 
 
 class TagLayout(NamedTuple):
-    """Tags on the private communicator: call number × codes + code for data, and NOTICE above them."""
+    """Tags on the private communicator: call number × codes + code for data, and above them a
+    rank's notice of a mismatch in a call, notice + the call number modulo codes."""
 
     codes: int
     calls: int
@@ -90,6 +91,13 @@ class TagLayout(NamedTuple):
 
     def tag(self, seq: int, code: int) -> int:
         return (seq % self.calls) * self.codes + (code & (self.codes - 1))
+
+    def notice_of(self, seq: int) -> int:
+        return self.notice + seq % self.codes
+
+    def stale(self, tag: int, seq: int) -> bool:
+        """Whether `tag` is a notice of a call other than #seq: not this call's business."""
+        return tag >= self.notice and tag != self.notice_of(seq)
 
 
 class Evidence(Exception):
@@ -140,7 +148,7 @@ class Watch:
             if source == me or not comm.Iprobe(source, MPI.ANY_TAG, status):
                 continue
             tag = status.Get_tag()
-            if tag == layout.notice or (tag // layout.codes == seq % layout.calls and tag != mine):
+            if tag == layout.notice_of(seq) or (tag // layout.codes == seq % layout.calls and tag != mine):
                 self.fail(_seen(source, tag, layout))
         if not self.announced and time.perf_counter() - self.started > ANNOUNCE_SECONDS:
             self.announced = state.announced = True  # state.free keeps the communicators: the others may not take it
@@ -154,7 +162,7 @@ class Watch:
 
 
 def _seen(source: int, tag: int, layout: TagLayout) -> str:
-    if tag == layout.notice:
+    if tag >= layout.notice:
         return f"rank {source} reports a mismatch"
     return f"a message from rank {source} is of a call with another signature"
 
@@ -196,7 +204,7 @@ def _told(state, seq: int, signature: Signature, why: str, reason: str) -> Misma
     comm, control, me = state.comm, state.control, state.rank
     for rank in range(state.size):
         if rank != me:
-            comm.Isend([b"", MPI.BYTE], rank, state.layout.notice).Free()
+            comm.Isend([b"", MPI.BYTE], rank, state.layout.notice_of(seq)).Free()
     _tell(state, seq, signature, True, reason)
     others = state.size - 1
     status = MPI.Status()

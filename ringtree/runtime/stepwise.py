@@ -83,7 +83,7 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
                 if not received.Test(status):
                     _wait(received, status, state, signature)
                 if status.Get_tag() != tag or status.Get_count(BYTE) != nbytes:
-                    raise _unexpected(status, source, tag, nbytes)
+                    _expected(comm, receive, source, tag, nbytes, status, state, signature)
                 if sent is not None and not sent.Test():
                     _wait(sent, None, state, signature)
             elif kind is REDUCE:
@@ -104,7 +104,7 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
                 if not received.Test(status):
                     _wait(received, status, state, signature)
                 if status.Get_tag() != tag or status.Get_count(BYTE) != nbytes:
-                    raise _unexpected(status, source, tag, nbytes)
+                    _expected(comm, message, source, tag, nbytes, status, state, signature)
     except Evidence as evidence:
         _cancel(received, sent)
         raise everywhere(state, state.calls - 1, signature, evidence.why(state.layout)) from None
@@ -147,10 +147,21 @@ def _cancel(received: MPI.Request | None, sent: MPI.Request | None) -> None:
         pass
 
 
-def _unexpected(status: MPI.Status, source: int, tag: int, nbytes: int) -> Evidence:
+def _expected(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Status, state, signature) -> None:
+    """After a receive got another tag or size than its call's: receive again past notices of other
+    calls (of a communicator before this one, whose context MPI gave this one); raise Evidence for
+    anything else."""
+    layout = state.layout
+    seq = state.calls - 1
+    while layout.stale(status.Get_tag(), seq):
+        received = comm.Irecv(receive, source, ANY_TAG)
+        if not received.Test(status):
+            _wait(received, status, state, signature)
+    if status.Get_tag() == tag and status.Get_count(BYTE) == nbytes:
+        return
     if status.Get_tag() == tag:
-        return Evidence(wrong_size(source, status.Get_count(BYTE), nbytes))
-    return Evidence("", source, status.Get_tag())
+        raise Evidence(wrong_size(source, status.Get_count(BYTE), nbytes))
+    raise Evidence("", source, status.Get_tag())
 
 
 def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
