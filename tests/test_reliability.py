@@ -409,3 +409,20 @@ def test_a_stall_in_one_thread_warns_while_another_thread_is_not_stalled():
     assert run.returncode == 0, run.stdout + run.stderr
     warnings = [line for line in run.stderr.splitlines() if "no progress for" in line]
     assert warnings and all("on rank 0 of ringtree(comm)" in w and "it waits for rank 1" in w for w in warnings), run.stderr
+
+
+def test_signatures_tell_apart_every_dtype_op_and_algorithm_and_tags_fit_the_mpi():
+    from ringtree.ops import ReduceOp
+    from ringtree.runtime.mismatch import TagLayout, signature
+    dtypes = [np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"] + [np.dtype(">f4")]
+    codes = {signature(10, d, "sum", "auto", None).code for d in dtypes}
+    assert len(codes) == len(dtypes)
+    assert len({signature(10, np.dtype("f4"), op.value, "auto", None).code for op in ReduceOp}) == len(ReduceOp)
+    algorithms = ["auto", *ALGORITHMS]
+    assert len({signature(10, np.dtype("f4"), "sum", a, None).code for a in algorithms}) == len(algorithms)
+    for tag_ub in (32767, (1 << 29) - 1, (1 << 31) - 1):
+        layout = TagLayout.of(tag_ub)
+        highest = max(layout.tag(layout.calls - 1, (1 << 16) - 1), layout.notice_of(layout.codes - 1))
+        assert highest <= tag_ub and layout.tag(layout.calls - 1, 0) < layout.notice
+        assert layout.tag(5, 7) != layout.tag(6, 7) and not layout.stale(layout.notice_of(5), 5)
+        assert layout.stale(layout.notice_of(4), 5)

@@ -8,16 +8,17 @@ match: a stepwise receive takes any tag from its peer and compares; the
 engine's receives stay unmatched, and its idle waits look (`look`) for a
 message of this call with another code. MPI's own allreduce runs on a
 communicator of its plan's own, agreed on when the plan is made, so native
-calls that differ never match either. A wait that makes no progress for
+calls that differ never match either; a wait in one that makes no progress for
 ANNOUNCE_SECONDS tells the other ranks, on the control communicator, which call
-it is in; a rank in the same call with another signature sees the difference.
+it is in, and a rank in the same call with another signature sees the difference.
 
 A rank that sees a difference tells every other rank (`everywhere`): a
-NOTICE on the private communicator, which ends a blocking receive from it,
-and its signature on the control communicator, which a polling wait reads.
+notice on the private communicator, which ends a receive of any tag from it,
+and its signature on the control communicator, which a waiting rank reads.
 Each rank that learns of it does the same, then gathers the others'
-signatures for at most GATHER_SECONDS, taking in whatever messages are
-still coming to it, and raises MismatchError naming the ranks and what differs.
+signatures until each has raised (at most GATHER_SECONDS), taking in whatever
+messages are still coming to it, and raises MismatchError naming the ranks and
+what differs.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ UNKNOWN = Signature(-1, -1, "", "", "", None)  # a call stopped before its signa
 def signature(count: int, dtype: np.dtype, op: str, algorithm: str, segment: int | None) -> Signature:
     """dtype (5 bits), op (4), algorithm (3) exactly where known, count and segment hashed (4)."""
     char = dtype.char if dtype.isnative else ""
-    kind = _DTYPES.index(char) if char in _DTYPES else 18 + _crc(dtype.str) % 14
+    kind = _DTYPES.index(char) if char and char in _DTYPES else 18 + _crc(dtype.str) % 14
     hashed = _crc(f"{count},{segment}") & 15
     code = (kind << 11) | (_OPS.index(op) << 7) | (_ALGORITHMS.index(algorithm) << 4) | hashed
     return Signature(code, count, dtype.name, op, algorithm, segment)
@@ -85,7 +86,9 @@ class TagLayout(NamedTuple):
     @classmethod
     def of(cls, tag_ub: int) -> TagLayout:
         bits = min(tag_ub + 1, 1 << 30).bit_length() - 1
-        codes = 1 << min(16, bits - 8)  # the standard's smallest TAG_UB (32767) leaves 7 bits: codes hashed
+        # The standard's smallest TAG_UB (32767) leaves 7 bits: the codes' low bits (count and
+        # algorithm); dtype and op then go unseen.
+        codes = 1 << min(16, bits - 8)
         calls = (1 << bits) // codes - 1
         return cls(codes, calls, calls * codes)
 
