@@ -239,6 +239,7 @@ class InFlight:
         self.owners = [self.owners[k] for k in keep]
         self.queued = [entry for entry in self.queued if entry[1] is not execution]
         execution.state.broken = error
+        execution.state.abandoned.append(execution)  # its arrays: a send let go may still be read, a late message land
         return error
 
     def progress_until(self, done, look=None) -> None:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from .engine import IN_FLIGHT, SPINS_BEFORE_YIELD, back_off
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
@@ -53,11 +54,11 @@ def native_plan(op: ReduceOp, divide, state, count: int, dtype: np.dtype, signat
     seq = state.calls
     mine = np.array([signature.code, count, -signature.code, -count], np.int64)
     low = np.empty_like(mine)
-    _wait(state.control.Iallreduce(mine, low, MPI.MIN), state, seq, signature)
+    _wait(state.control.Iallreduce(mine, low, MPI.MIN), state, seq, signature, (mine, low))
     if low[0] != -low[2] or low[1] != -low[3]:
         raise everywhere(state, seq, signature, "the ranks making a plan for MPI's allreduce differ")
     comm, request = state.comm.Idup()
-    _wait(request, state, seq, signature)
+    _wait(request, state, seq, signature, (comm,))
     comm.Set_name(f"{state.name} native")
     buffer = request = None
     if count * dtype.itemsize <= PERSISTENT_MAX:
@@ -93,7 +94,7 @@ def run_native(plan: NativePlan, state, source, target, in_place: bool) -> None:
         request.Start()
     seq = state.calls  # counted as every call is: a message of the next call must not look like one of this
     state.calls = seq + 1
-    _wait(request, state, seq, plan.signature)
+    _wait(request, state, seq, plan.signature, (source, target))
     if buffer is not None:
         target[...] = buffer
     if plan.average:
@@ -115,14 +116,24 @@ def native_runner(plan: NativePlan, state, source, target, in_place: bool):
         seq = state.calls
         state.calls = seq + 1
         if not test():
-            _wait(request, state, seq, signature)
+            _wait(request, state, seq, signature, ())
         target[:] = buffer
     return run
 
 
-def _wait(request: MPI.Request, state, seq: int, signature: Signature) -> None:
+def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:
     """Poll `request` to completion (under MPICH faster than MPI's Wait, which also could not be
-    left): with collectives in flight, progressing them; when idle, looking for a mismatch."""
+    left): with collectives in flight, progressing them; when idle, looking for a mismatch. Left by
+    a mismatch, the request stays in flight, so its `arrays` are kept with the broken communicator's
+    state: MPI may still write into them (a peer's part of the collective, arriving late)."""
+    try:
+        _polled(request, state, seq, signature)
+    except MismatchError:
+        state.abandoned.append((request, arrays))
+        raise
+
+
+def _polled(request: MPI.Request, state, seq: int, signature: Signature) -> None:
     test = request.Test
     if IN_FLIGHT.requests or IN_FLIGHT.queued or THREADED[1]:
         IN_FLIGHT.progress_until(test, Watch(state, seq, signature, announce=True).look)

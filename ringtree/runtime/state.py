@@ -85,6 +85,7 @@ class CommState:
         self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies and signatures in flight to other ranks
         self.raised: set = set()  # the ranks that raised MismatchError on it (mismatch.py)
+        self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
         self.reports: dict = {}  # {call number: {rank: its (seq, Signature, raised, reason)}}: other ranks' signatures
         self.tuner = None if current.tune == "off" else _tuner(self.comm, current)
         self.signatures = current.signatures

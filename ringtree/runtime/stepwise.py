@@ -106,10 +106,10 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
                 if status.Get_tag() != tag or status.Get_count(BYTE) != nbytes:
                     _expected(comm, message, source, tag, nbytes, status, state, signature)
     except Evidence as evidence:
-        _cancel(received, sent)
+        _cancel(received, sent, state, steps)
         raise everywhere(state, state.calls - 1, signature, evidence.why(state.layout)) from None
     except MPI.Exception as error:
-        _cancel(received, sent)
+        _cancel(received, sent, state, steps)
         peer = step[4] if step[0] is EXCHANGE else step[2]  # an exchange names the rank it receives from
         ours = translated(error_classes(error, [status]), comm, True, peer)
         if ours is None:
@@ -119,7 +119,7 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
                              f"a message from rank {peer} was larger than its receive") from None
         raise ours from None
     except MismatchError:  # another rank's, seen while waiting
-        _cancel(received, sent)
+        _cancel(received, sent, state, steps)
         raise
 
 
@@ -135,8 +135,10 @@ def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Sig
         back_off(idle)
 
 
-def _cancel(received: MPI.Request | None, sent: MPI.Request | None) -> None:
-    """After a mismatch: a receive still posted must not land in the caller's array later."""
+def _cancel(received: MPI.Request | None, sent: MPI.Request | None, state, steps) -> None:
+    """After a mismatch: a receive still posted must not land in the caller's array later; the
+    steps' arrays are kept with the broken state, as a send let go may still read them."""
+    state.abandoned.append(steps)
     try:
         if received is not None and received != MPI.REQUEST_NULL:
             received.Cancel()
