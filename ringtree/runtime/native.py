@@ -71,13 +71,11 @@ def native_plan(op: ReduceOp, divide, state, count: int, dtype: np.dtype, signat
 
 
 def free_plan(plan: NativePlan) -> None:
-    """Free the plan's persistent request and communicator, before the user's communicator is freed."""
-    try:
-        if plan.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
-            plan.request.Free()
-        plan.comm.Free()
-    except MPI.Exception:
-        pass  # a call that a mismatch left in flight: MPI keeps it until the end
+    """Free the plan's persistent request and communicator, before the user's communicator is freed
+    (never after a mismatch: CommState.free keeps a broken state's communicators)."""
+    if plan.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
+        plan.request.Free()
+    plan.comm.Free()
 
 
 def run_native(plan: NativePlan, state, source, target, in_place: bool) -> None:
