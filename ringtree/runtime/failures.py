@@ -16,7 +16,7 @@ NOT_FAILED = (MPI.SUCCESS, MPI.ERR_PENDING)
 
 
 def wrong_size(peer: int, got: int, expected: int) -> str:
-    """What a rank saw when a message is smaller than its receive (mismatch.everywhere raises it)."""
+    """What a rank saw when a message is of another size than its receive (mismatch.everywhere raises it)."""
     return f"a message from rank {peer} has {got} bytes where this rank expects {expected}"
 
 
