@@ -38,7 +38,8 @@ def note_thread(comm: MPI.Comm) -> bool:
     return True
 
 
-# comm handle -> [the thread in a call on it, how deep: ringtree's own calls on it within the call]
+# comm handle -> [the thread in a call on it, how deep: ringtree's own calls on it within the call,
+#                 a thread that called meanwhile, or None]
 _INSIDE: dict[int, list] = {}
 _INSIDE_LOCK = threading.Lock()
 
@@ -48,17 +49,20 @@ def one_caller(comm, second):
     """Once several threads call ringtree: the calling thread as the one in a call on `comm` until the
     block ends. A thread that calls while another is in a call on the same communicator (an error in
     MPI: the ranks would not order its collectives alike) gets `second(comm, other thread)`, which
-    raises."""
+    raises; so does the thread that was in the call, when its call ends, as its result may be of
+    another thread's call on the other ranks."""
     handle = getattr(MPI.COMM_WORLD if comm is None else comm, "handle", None)
     if handle is None:  # not a communicator: the checks say so
         yield
         return
     me = get_ident()
     with _INSIDE_LOCK:
-        inside = _INSIDE.setdefault(handle, [me, 0])
+        inside = _INSIDE.setdefault(handle, [me, 0, None])
         mine = inside[0] == me
         if mine:
             inside[1] += 1
+        else:
+            inside[2] = me
     if not mine:
         second(comm, inside[0])
     try:
@@ -68,3 +72,5 @@ def one_caller(comm, second):
             inside[1] -= 1
             if inside[1] == 0:
                 del _INSIDE[handle]
+    if inside[2] is not None:
+        second(comm, inside[2])
