@@ -10,7 +10,6 @@ import inspect
 import sys
 import time
 import types
-from contextlib import nullcontext
 from functools import partial
 from typing import NamedTuple
 
@@ -29,9 +28,9 @@ from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.mismatch import UNKNOWN, Signature, Watch, everywhere, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native
 from .runtime.stalls import WAITING, slot
-from .runtime.state import comm_state
+from .runtime.state import comm_state, existing_state
 from .runtime.stepwise import bound_steps
-from .runtime.threads import THREADED, get_ident, note_thread, one_caller
+from .runtime.threads import THREADED, enter_call, get_ident, leave_call, note_thread
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
@@ -101,6 +100,8 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             and again.state.broken is None and recvbuf.flags.writeable and recvbuf.dtype is again.dtype
             and (again.inplace or sendbuf.dtype is again.dtype)
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
+        if THREADED[1]:
+            return _one_caller(comm, _watched_again, again, recvbuf)
         WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): _watched, inlined
         try:
             again.run()
@@ -108,10 +109,32 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             WAITING[0] = None
             WAITING[1] += 1
         return recvbuf
-    if THREADED[1]:
-        with one_caller(comm, _second_thread):
-            return _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
+        return _one_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     return _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+
+
+def _one_caller(comm, run, *arguments):
+    """run(*arguments), once several threads call ringtree, as the one thread in a call on `comm`
+    (threads.enter_call): MismatchError on every rank if another thread is in a call on it too."""
+    communicator = MPI.COMM_WORLD if comm is None else comm
+    if not THREADED[1] and note_thread(communicator):  # a second thread's first call: is the first in one on comm?
+        first = getattr(WAITING[0], "state", None)  # what the first thread waits in (stalls.py)
+        if first is not None and first is existing_state(communicator):
+            _second_thread(comm, THREADED[0])
+    inside = enter_call(comm, _second_thread)
+    try:
+        result = run(*arguments)
+    finally:
+        other = leave_call(inside)
+    if other is not None:
+        _second_thread(comm, other)
+    return result
+
+
+def _watched_again(again, recvbuf):
+    _watched(again.run, again.call)
+    return recvbuf
 
 
 def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
@@ -128,7 +151,8 @@ def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
             return _through_host(source, target, result, op, comm, algorithm, segment, check, timeout, True)
         steps = call.in_place_steps if inplace else call.steps
         if type(call) is not NativePlan and (steps is None or IN_FLIGHT.requests or IN_FLIGHT.queued
-                                             or timeline.ACTIVE or timeout is not None or THREADED[1]):
+                                             or timeline.ACTIVE or timeout is not None
+                                             or (THREADED[1] and not state.signatures)):  # that one waits in MPI
             return _start(call, state, source, target, result, inplace, timeout, trial).wait()
         # A stepwise or native plan runs here; one that is not a trial, check or given segment is repeated.
         repeatable = (trial is None and check is None and segment is None and not settings.current().check
@@ -137,7 +161,7 @@ def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
             state.repeats[op_key(op), algorithm, target.dtype, target.size, inplace] = call
     what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
     if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
-            and (inplace or type(sendbuf) is NDARRAY) and not THREADED[1]):
+            and (inplace or type(sendbuf) is NDARRAY) and (state.signatures or not THREADED[1])):
         _watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
                             what).run, what)
         return recvbuf
@@ -167,15 +191,17 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
                timeout=None) -> Request:
     """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
     waiting on it; in check mode, the ranks agree before this returns)."""
-    with one_caller(comm, _second_thread) if THREADED[1] else NOT_THREADED:
-        call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
-            sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
-        if call is None:
-            return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
-        return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
+    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
+        return _one_caller(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    return _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
 
 
-NOT_THREADED = nullcontext()
+def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> Request:
+    call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
+        sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+    if call is None:
+        return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+    return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
 
 
 def _second_thread(comm, other: int):
@@ -237,7 +263,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blo
         comm = MPI.COMM_WORLD
     sendbuf, recvbuf, reduce_op, backend, inplace = checked(sendbuf, recvbuf, op, comm, algorithm, segment)
     if note_thread(comm) and AGAIN:
-        AGAIN.clear()  # their runs wait inside MPI, which no call does once a second thread has called
+        AGAIN.clear()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
     try:
         current = settings.current()
     except settings.SettingError as error:

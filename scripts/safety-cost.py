@@ -1,13 +1,18 @@
 """What safety by default costs: allreduce with RINGTREE_SIGNATURES on and off, with the engine's
 thread lock and without it, and native MPI, in one run.
 
-    mpiexec -n 2 python scripts/safety-cost.py [--sizes 8,1M] [--algorithms auto,ring] [--iters 31]
+    mpiexec -n 2 python scripts/safety-cost.py [--sizes 8,1M] [--algorithms auto,ring] [--iters 31] [--threaded]
+                                               [--nonblocking]
 
 Each setting of RINGTREE_SIGNATURES gets a communicator of its own (the setting
 is read when ringtree sets a communicator up). "no lock" is the default with
 the engine's lock (engine.LOCK) swapped for one that does nothing, for its
-turns only: what the lock costs a single thread. Online tuning's trials are
-run first. Timing is bench's (turns in shuffled order, medians of the slowest
+turns only: what the lock costs a single thread. With --threaded a second
+thread has called ringtree first, so calls take the paths of a program with
+several threads, and "no lock" swaps out the check that one thread at a time
+is in a call on a communicator (threads.enter_call) as well. With
+--nonblocking each call is iallreduce(...).wait() (the engine). Online tuning's
+trials are run first. Timing is bench's (turns in shuffled order, medians of the slowest
 rank).
 """
 
@@ -15,12 +20,13 @@ import argparse
 import contextlib
 import os
 import sys
+import threading
 
 import numpy as np
 from mpi4py import MPI
 
 from ringtree import settings
-from ringtree.allreduce import allreduce
+from ringtree.allreduce import allreduce, iallreduce
 from ringtree.commands.arguments import format_size, parse_size
 from ringtree.commands.measure import time_in_turns
 from ringtree.runtime import engine
@@ -30,8 +36,12 @@ LOCK, NO_LOCK = engine.LOCK, contextlib.nullcontext()
 ALLREDUCE_MODULE = sys.modules["ringtree.allreduce"]  # the package's ringtree.allreduce is the function
 
 
+ENTER_CALL = ALLREDUCE_MODULE.enter_call
+
+
 def locking(lock) -> None:
     engine.LOCK = ALLREDUCE_MODULE.LOCK = lock  # the engine's uses, and allreduce's as it starts an execution
+    ALLREDUCE_MODULE.enter_call = ENTER_CALL if lock is LOCK else (lambda comm, second: None)
 
 
 def communicator_with(signatures: str) -> MPI.Comm:
@@ -47,11 +57,20 @@ def main() -> None:
     parser.add_argument("--sizes", default="8,1M")
     parser.add_argument("--algorithms", default="auto,recursive_doubling,tree,ring")
     parser.add_argument("--iters", type=int, default=31)
+    parser.add_argument("--threaded", action="store_true", help="after a second thread has called ringtree")
+    parser.add_argument("--nonblocking", action="store_true", help="iallreduce(...).wait() instead of allreduce")
     args = parser.parse_args()
+    ours = (lambda *a, **k: iallreduce(*a, **k).wait()) if args.nonblocking else allreduce
     world = MPI.COMM_WORLD
+    if args.threaded:
+        second = threading.Thread(target=allreduce, args=(np.ones(1),), kwargs=dict(comm=world.Dup()))
+        second.start()
+        second.join()
     on, off = communicator_with("1"), communicator_with("0")
     if world.Get_rank() == 0:
-        print(f"{world.Get_size()} ranks, float64 sum, medians of {args.iters} turns\n\n"
+        print(f"{world.Get_size()} ranks, float64 sum, medians of {args.iters} turns"
+              f"{', after a second thread has called' if args.threaded else ''}"
+              f"{', iallreduce(...).wait()' if args.nonblocking else ''}\n\n"
               "| size | algorithm | native µs | signatures off µs | on (default) µs | on, no lock µs | on / off | lock's cost |\n"
               "|---:|---|---:|---:|---:|---:|---:|---:|")
     for nbytes in map(parse_size, args.sizes.split(",")):
@@ -61,13 +80,13 @@ def main() -> None:
             def unlocked(data=data, out=out, a=algorithm):
                 locking(NO_LOCK)
                 try:
-                    allreduce(data, out, comm=on, algorithm=a)
+                    ours(data, out, comm=on, algorithm=a)
                 finally:
                     locking(LOCK)
 
             calls = {"native": lambda data=data, out=out: world.Allreduce(data, out),
-                     "off": lambda data=data, out=out, a=algorithm: allreduce(data, out, comm=off, algorithm=a),
-                     "on": lambda data=data, out=out, a=algorithm: allreduce(data, out, comm=on, algorithm=a),
+                     "off": lambda data=data, out=out, a=algorithm: ours(data, out, comm=off, algorithm=a),
+                     "on": lambda data=data, out=out, a=algorithm: ours(data, out, comm=on, algorithm=a),
                      "no lock": unlocked}
             for call in calls.values():
                 for _ in range(WARM_UP):

@@ -86,7 +86,7 @@ def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     Returns (call plan, state, steps, source, target, in place), or None for allreduce to check the
     call in full."""
     last = LAST[0]  # read once: another thread may change it
-    if (get_ident() != THREADED[0] or THREADED[1]
+    if ((get_ident() != THREADED[0] and not THREADED[1])  # a second thread's first call: allreduce notes it
             or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
             or type(algorithm) is not str or IN_FLIGHT.requests or IN_FLIGHT.queued
             or (WORLD if comm is None else comm) is not last[0]):

@@ -26,7 +26,7 @@ from .failures import error_classes, failing, job_ends, source, translated, wron
 from .mismatch import LOOK_EVERY, Signature, Watch
 from .stalls import slot
 
-__all__ = ["Execution", "InFlight", "IN_FLIGHT", "LOCK"]
+__all__ = ["Execution", "InFlight", "IN_FLIGHT", "LOCK", "back_off", "progress_others"]
 
 BYTE = MPI.BYTE
 SEND, RECV = OpKind.SEND, OpKind.RECV
@@ -36,7 +36,7 @@ class Execution:
     """One rank's run of one collective."""
 
     __slots__ = ("compiled", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
-                 "signature", "finish", "timeout", "pending", "remaining", "done", "computes")
+                 "signature", "finish", "timeout", "pending", "remaining", "done", "computes", "failed")
 
     def __init__(self, compiled: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
                  state, signature: Signature, finish, timeout: float | None = None, asynchronous: bool = False) -> None:
@@ -63,6 +63,7 @@ class Execution:
         self.pending = list(compiled.initial_pending)
         self.remaining = len(compiled.initial_pending)
         self.done = False
+        self.failed: Exception | None = None  # the error it was abandoned with, in whichever thread's poll
         self.computes: deque[int] = deque()
         self._run(list(compiled.first_ready))
         if self.remaining == 0:
@@ -238,7 +239,7 @@ class InFlight:
         self.requests = [self.requests[k] for k in keep]
         self.owners = [self.owners[k] for k in keep]
         self.queued = [entry for entry in self.queued if entry[1] is not execution]
-        execution.state.broken = error
+        execution.state.broken = execution.failed = error
         execution.state.abandoned.append(execution)  # its arrays: a send let go may still be read, a late message land
         return error
 
@@ -270,7 +271,14 @@ class InFlight:
                         break
                     if not self.requests and not self.queued:
                         raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
-                    progressed = self._poll()
+                    try:
+                        progressed = self._poll()
+                    except (MismatchError, PeerFailure):
+                        if execution.failed is None:  # another thread's collective failed: its wait raises it
+                            continue
+                        raise
+                if execution.failed is not None:  # another thread's poll abandoned it
+                    raise execution.failed
                 if progressed:
                     idle = 0
                     waiting[1] += 1
@@ -294,6 +302,18 @@ class InFlight:
                 back_off(idle)
         finally:
             waiting[0] = None
+
+
+def progress_others() -> bool:
+    """Progress the collectives other calls have in flight, if any: a wait outside the engine (the
+    stepwise path, MPI's own allreduce) in any thread must move them too. Say whether any moved.
+    An error of one of them is left to its own wait (Execution.failed)."""
+    if not (IN_FLIGHT.requests or IN_FLIGHT.queued):
+        return False
+    try:
+        return IN_FLIGHT.poll()
+    except (MismatchError, PeerFailure):
+        return True
 
 
 def back_off(idle: int) -> None:

@@ -10,9 +10,8 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
-from .engine import IN_FLIGHT, SPINS_BEFORE_YIELD, back_off
+from .engine import SPINS_BEFORE_YIELD, back_off, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
-from .threads import THREADED
 
 __all__ = ["NativePlan", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
 
@@ -133,18 +132,17 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
 
 def _polled(request: MPI.Request, state, seq: int, signature: Signature) -> None:
     test = request.Test
-    if IN_FLIGHT.requests or IN_FLIGHT.queued or THREADED[1]:
-        IN_FLIGHT.progress_until(test, Watch(state, seq, signature, announce=True).look)
-        return
     idle, watch = 0, None
     while not test():
         idle += 1
+        moved = progress_others()
         if idle >= SPINS_BEFORE_YIELD:
             if idle % LOOK_EVERY == 0:
                 if watch is None:
                     watch = Watch(state, seq, signature, announce=True)
                 watch.look()
-            back_off(idle)
+            if not moved:
+                back_off(idle)
 
 
 def _bytes(array: np.ndarray) -> memoryview:

@@ -182,6 +182,11 @@ def _wait(*requests, timeout, rank, name) -> None:
         time.sleep(0.0005)
 
 
+def existing_state(comm: MPI.Comm) -> CommState | None:
+    """`comm`'s state if ringtree has set it up, without setting it up."""
+    return None if _keyval is None or not isinstance(comm, MPI.Comm) else comm.Get_attr(_keyval)
+
+
 def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:
     global _keyval
     last = LAST[0]

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from ..schedule import OpKind
 from .compiled import EXCHANGE
-from .engine import back_off
+from .engine import back_off, progress_others
 from .failures import error_classes, translated, wrong_size
 from .mismatch import LOOK_EVERY, Evidence, Signature, Watch, everywhere
 
@@ -147,7 +147,8 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
                 if watch is None:
                     watch = Watch(state, seq, signature)
                 watch.look()
-            back_off(idle)
+            if not progress_others():
+                back_off(idle)
             continue
         got_tag, got = status.Get_tag(), status.Get_count(BYTE)
         if got_tag == tag and got == nbytes:
@@ -159,7 +160,8 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
 
 
 def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Signature) -> None:
-    """Poll a request of the stepwise path, looking for a mismatch while idle (mismatch.Watch)."""
+    """Poll a request of the stepwise path, looking for a mismatch while idle (mismatch.Watch), and
+    progressing the collectives other threads have in flight."""
     idle, watch = 0, None
     while not request.Test(status):
         idle += 1
@@ -167,7 +169,8 @@ def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Sig
             if watch is None:
                 watch = Watch(state, state.calls - 1, signature)
             watch.look()
-        back_off(idle)
+        if not progress_others():
+            back_off(idle)
 
 
 def _cancel(received: MPI.Request | None, sent: MPI.Request | None, state, steps) -> None:

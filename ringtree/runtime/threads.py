@@ -7,11 +7,10 @@ any thread progresses the collectives every thread started (docs/design.md, "Thr
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 
 from mpi4py import MPI
 
-__all__ = ["THREADED", "note_thread", "one_caller"]
+__all__ = ["THREADED", "enter_call", "leave_call", "note_thread"]
 
 get_ident = threading.get_ident
 THREADED = [None, False]  # [the first calling thread's ident, whether another thread has called since]
@@ -39,38 +38,36 @@ def note_thread(comm: MPI.Comm) -> bool:
 
 
 # comm handle -> [the thread in a call on it, how deep: ringtree's own calls on it within the call,
-#                 a thread that called meanwhile, or None]
+#                 a thread that called meanwhile or None, the handle]
 _INSIDE: dict[int, list] = {}
-_INSIDE_LOCK = threading.Lock()
 
 
-@contextmanager
-def one_caller(comm, second):
-    """Once several threads call ringtree: the calling thread as the one in a call on `comm` until the
-    block ends. A thread that calls while another is in a call on the same communicator (an error in
-    MPI: the ranks would not order its collectives alike) gets `second(comm, other thread)`, which
-    raises; so does the thread that was in the call, when its call ends, as its result may be of
-    another thread's call on the other ranks."""
+def enter_call(comm, second) -> list | None:
+    """Once several threads call ringtree: mark the calling thread as the one in a call on `comm`
+    until `leave_call`. A thread that calls while another is in a call on the same communicator (an
+    error in MPI: the ranks would not order its collectives alike) gets `second(comm, other thread)`,
+    which raises. No lock: setdefault is atomic, and only the thread in the call changes or removes
+    its entry, before its call returns, so a thread that finds another's entry has called while that
+    call was not over."""
     handle = getattr(MPI.COMM_WORLD if comm is None else comm, "handle", None)
     if handle is None:  # not a communicator: the checks say so
-        yield
-        return
+        return None
     me = get_ident()
-    with _INSIDE_LOCK:
-        inside = _INSIDE.setdefault(handle, [me, 0, None])
-        mine = inside[0] == me
-        if mine:
-            inside[1] += 1
-        else:
-            inside[2] = me
-    if not mine:
+    inside = _INSIDE.setdefault(handle, [me, 0, None, handle])
+    if inside[0] != me:
+        inside[2] = me
         second(comm, inside[0])
-    try:
-        yield
-    finally:
-        with _INSIDE_LOCK:
-            inside[1] -= 1
-            if inside[1] == 0:
-                del _INSIDE[handle]
-    if inside[2] is not None:
-        second(comm, inside[2])
+    inside[1] += 1
+    return inside
+
+
+def leave_call(inside: list | None) -> int | None:
+    """End the call `enter_call` marked; return a thread that called on its communicator meanwhile
+    (the caller raises as that thread did, when its call ends without an error: its result may be
+    of another thread's call on the other ranks), or None."""
+    if inside is None:
+        return None
+    inside[1] -= 1
+    if inside[1] == 0:
+        del _INSIDE[inside[3]]
+    return inside[2]
