@@ -4,9 +4,9 @@ Each step is an exchange with a peer, a send, a receive, a reduction or a
 copy, in the schedule's listed order (schedule.order.steps), each waited for
 before the next. That costs less per message than the engine's bookkeeping,
 and an algorithm that exchanges with one partner at a time leaves the engine
-nothing to overlap.
-It progresses nothing else, so it runs only when no other collective is in
-flight in this process (tuning/selector.py says up to which sizes).
+nothing to overlap. It runs only when no other collective is in flight in
+this process at its start (tuning/selector.py says up to which sizes); its
+waits progress those that other threads start meanwhile.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Which threads call ringtree. The first thread's blocking calls may wait inside MPI (the stepwise
-path, MPI's own allreduce): fastest, and safe while no other thread has ringtree work in flight. Once
-a second thread has called, no call waits inside MPI: every wait polls the engine, so that a wait in
-any thread progresses the collectives every thread started (docs/design.md, "Threads").
+"""Which threads call ringtree, and which is in a call on a communicator. Once a second thread has
+called, every wait polls and progresses the collectives any thread has in flight, so threads may call
+at once on communicators of their own; each call marks its thread as the one in a call on its
+communicator, and a second thread in a call there at once is an error on every rank (docs/design.md,
+"Threads").
 """
 
 from __future__ import annotations
