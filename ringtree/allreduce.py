@@ -25,12 +25,13 @@ from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repe
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, LOCK, Execution
-from .runtime.mismatch import UNKNOWN, Signature, Watch, everywhere, signature
+from .runtime.mismatch import Signature, Watch, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native
+from .runtime.one_caller import one_caller
 from .runtime.stalls import WAITING, slot
-from .runtime.state import comm_state, existing_state
+from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
-from .runtime.threads import THREADED, enter_call, get_ident, leave_call, note_thread
+from .runtime.threads import THREADED, get_ident, note_thread
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
@@ -101,7 +102,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             and (again.inplace or sendbuf.dtype is again.dtype)
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
         if THREADED[1]:
-            return _one_caller(comm, _watched_again, again, recvbuf)
+            return one_caller(comm, _watched_again, again, recvbuf)
         WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): _watched, inlined
         try:
             again.run()
@@ -110,26 +111,8 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             WAITING[1] += 1
         return recvbuf
     if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
-        return _one_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+        return one_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     return _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
-
-
-def _one_caller(comm, run, *arguments):
-    """run(*arguments), once several threads call ringtree, as the one thread in a call on `comm`
-    (threads.enter_call): MismatchError on every rank if another thread is in a call on it too."""
-    communicator = MPI.COMM_WORLD if comm is None else comm
-    if not THREADED[1] and note_thread(communicator):  # a second thread's first call: is the first in one on comm?
-        first = getattr(WAITING[0], "state", None)  # what the first thread waits in (stalls.py)
-        if first is not None and first is existing_state(communicator):
-            _second_thread(comm, THREADED[0])
-    inside = enter_call(comm, _second_thread)
-    try:
-        result = run(*arguments)
-    finally:
-        other = leave_call(inside)
-    if other is not None:
-        _second_thread(comm, other)
-    return result
 
 
 def _watched_again(again, recvbuf):
@@ -192,7 +175,7 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
     """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
     waiting on it; in check mode, the ranks agree before this returns)."""
     if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
-        return _one_caller(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+        return one_caller(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     return _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
 
 
@@ -202,15 +185,6 @@ def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> R
     if call is None:
         return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
     return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
-
-
-def _second_thread(comm, other: int):
-    """Raise MismatchError on every rank: a second thread calls on `comm` while thread `other` is in a
-    call on it (it raises too, once the other ranks have)."""
-    state = comm_state(MPI.COMM_WORLD if comm is None else comm)
-    reason = ("two threads were in calls on it at once; MPI needs one order of collectives on a communicator, which "
-              "two threads do not give: let each thread use a communicator of its own (comm.Dup())")
-    raise everywhere(state, state.calls, UNKNOWN, reason, reason)
 
 
 def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
