@@ -54,6 +54,23 @@ def test_each_candidate_is_tried_in_turn_then_the_fastest_by_the_combined_times_
     assert tuner.choose(key, None) == (options[-1], "online tuning", None)
 
 
+def test_a_candidate_whose_calls_are_short_only_on_the_rank_that_came_late_is_not_taken_for_fast():
+    # In calls in a row the ranks take turns at coming late, and the late one's call is short: each
+    # rank's best alone (1.0) would say the first candidate is fastest; every call took 10 on some rank.
+    tuner, _ = _tuner()
+    key = key_of(1 << 18, True, 4, True)
+    options = options_for(key, 2, PARAMS)
+    other = []
+    for call in range(trials(key) * len(options)):
+        option, _, trial = tuner.choose(key, None)
+        first = option == options[0]
+        seconds = (1.0 if call % 2 else 10.0) if first else 5.0
+        Tuner.record(trial, seconds)
+        other.append((10.0 if call % 2 else 1.0) if first else 5.0)
+    option, why, _ = tuner.choose(key, lambda times: [max(a, b) for a, b in zip(times, other)])
+    assert option == options[1] and why == "online tuning"
+
+
 def test_without_exploring_only_committed_choices_are_given():
     cached = key_of(8, True, 8, True)
     tuner, commits = _tuner({cached: Option("tree", 0)}, explore=False)

@@ -4,9 +4,11 @@ A key is what changes the winner: the message's size class (sizes from 2^(k-1)
 to 2^k - 1 bytes are class k), whether the call is in place, the element size,
 and whether the MPI library's own allreduce ("native") may run the call. The
 calls of a key take the candidates one after another, trials(key) calls in a
-row each; each rank keeps its best time per candidate. At the key's next call the ranks combine those
-times into the slowest rank's (one small allreduce) and commit to the fastest
-candidate. Every rank makes the same calls in the same order, so every rank
+row each; each rank keeps the time of every call. At the key's next call the ranks combine those times
+into the slowest rank's per call (one small allreduce), and commit to the candidate whose best call
+was fastest. The slowest rank's time per call, not each rank's best: in calls in a row the ranks
+take turns at arriving late, and the late one's call is short, so each rank's best alone is
+shorter than any call took on all of them. Every rank makes the same calls in the same order, so every rank
 tries the same candidate at the same call and commits the same choice, whatever
 its own clock said.
 
@@ -87,7 +89,7 @@ class _Exploration:
     def __init__(self, options: list[Option]) -> None:
         self.options = options
         self.started = 0
-        self.best = [math.inf] * len(options)  # this rank's best seconds per option
+        self.times: list[list[float]] = [[] for _ in options]  # this rank's seconds of each call, per option
         self.waiting: list[Callable[[], None]] = []  # trials in flight: wait for each before deciding
 
 
@@ -127,11 +129,16 @@ class Tuner:
             return exploration.options[index], "a trial", (exploration, index)
         for wait in exploration.waiting:
             wait()
-        slowest = combine(exploration.best)
+        flat = combine([seconds for times in exploration.times for seconds in times])  # every rank made as many
+        slowest, at = [], 0
+        for times in exploration.times:
+            slowest.append(min(flat[at:at + len(times)], default=math.inf))
+            at += len(times)
         index = min(range(len(slowest)), key=lambda i: (slowest[i], i))
         option = self.committed[key] = exploration.options[index]
         del self.explorations[key]
-        log.info("tune %s: committed to %s; the trials' times (the slowest rank's best of %d): %s", key, option, trials(key),
+        log.info("tune %s: committed to %s; the trials' times (the best of %d calls, each the slowest rank's): %s", key,
+                 option, trials(key),
                  ", ".join(f"{o} {s * 1e6:.1f} us" for o, s in zip(exploration.options, slowest)))
         self.on_commit(key, option)
         return option, "online tuning", None
@@ -139,7 +146,7 @@ class Tuner:
     @staticmethod
     def record(trial, seconds: float) -> None:
         exploration, index = trial
-        exploration.best[index] = min(exploration.best[index], seconds)
+        exploration.times[index].append(seconds)
 
     @staticmethod
     def in_flight(trial, wait: Callable[[], None]) -> None:
