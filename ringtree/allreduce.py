@@ -26,7 +26,7 @@ from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.mismatch import Signature, Watch, signature
-from .runtime.native import NativePlan, native_plan, reduces, run_native
+from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_native
 from .runtime.one_caller import one_caller
 from .runtime.stalls import WAITING, slot
 from .runtime.state import comm_state
@@ -48,23 +48,21 @@ class Request:
 
     __slots__ = ("_execution", "_result", "_then")
 
-    def __init__(self, execution: Execution, result, then=None) -> None:
+    def __init__(self, execution: Execution | NativeInFlight, result, then=None) -> None:
         self._execution = execution
         self._result = result
         self._then = then  # what is left to do once the execution is done
 
     def test(self) -> bool:
         note_thread(self._execution.comm)
-        if not self._execution.done:
-            IN_FLIGHT.poll()
-        if self._execution.done and self._then is not None:
+        done = self._execution.test()
+        if done and self._then is not None:
             self._finish()
-        return self._execution.done
+        return done
 
     def wait(self):
         note_thread(self._execution.comm)
-        if not self._execution.done:
-            IN_FLIGHT.wait(self._execution)
+        self._execution.wait()
         if self._then is not None:
             self._finish()
         return self._result
@@ -129,7 +127,7 @@ def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
         result, repeatable = recvbuf, True
     else:
         call, state, source, target, result, inplace, timeout, trial = _prepare(
-            sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, True)
+            sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
         if call is None:
             return _through_host(source, target, result, op, comm, algorithm, segment, check, timeout, True)
         steps = call.in_place_steps if inplace else call.steps
@@ -181,10 +179,26 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
 
 def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> Request:
     call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
-        sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+        sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if call is None:
         return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+    if type(call) is NativePlan:
+        return _start_native(call, state, source, target, recvbuf, inplace, trial,
+                             described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm))
     return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
+
+
+def _start_native(call, state, source, target, recvbuf, inplace, trial, what) -> Request:
+    started = time.perf_counter()
+
+    def finish() -> None:
+        if trial is not None:
+            Tuner.record(trial, time.perf_counter() - started)
+
+    native = NativeInFlight(call, state, source, target, inplace, finish, what)
+    if trial is not None:
+        Tuner.in_flight(trial, native.wait)
+    return Request(native, recvbuf)
 
 
 def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
@@ -230,7 +244,7 @@ class CallPlan(NamedTuple):
         self.free_scratch.append(scratch)
 
 
-def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
+def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     """Check the arguments and find (or build) the call plan; in check mode, agree with the other
     ranks on the call; return what a call needs, and the online tuning trial it is, if any."""
     if comm is None:
@@ -266,8 +280,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blo
     call = trial = None
     if (algorithm == "auto" and segment is None and state.tuner is not None and current.algorithm is None
             and not (current.tuning_file and table().match(target.nbytes, state.size, dtype.name, reduce_op.value))):
-        call, trial = _tuned_plan(state, comm, backend, target, reduce_op, inplace, blocking and timeout is None,
-                                  timeout)
+        call, trial = _tuned_plan(state, comm, backend, target, reduce_op, inplace, timeout is None, timeout)
     if call is None:
         call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
         if call is None:

@@ -188,6 +188,42 @@ def test_small_native_calls_go_through_persistent_requests_that_the_communicator
     assert_everywhere(world, failures)
 
 
+@pytest.mark.mpi
+def test_nonblocking_calls_run_mpis_own_allreduce_where_online_tuning_committed_to_it(monkeypatch, tmp_path):
+    world = MPI.COMM_WORLD
+    monkeypatch.setenv("RINGTREE_CACHE_DIR", str(tmp_path))  # not what earlier tests committed
+    settings.reload()
+    comm = world.Dup()
+    comm_state(comm)
+    monkeypatch.undo()
+    settings.reload()
+    honest = Tuner.record
+
+    def native_fastest(trial, seconds):
+        exploration, index = trial
+        honest(trial, seconds * (1 if exploration.options[index].algorithm == NATIVE else 100))
+
+    monkeypatch.setattr(Tuner, "record", staticmethod(native_fastest))
+    rng = np.random.default_rng(world.Get_rank())
+    failures, kinds = [], set()
+    for count in (2, 3000):
+        for call in range(60):
+            data = rng.integers(-1000, 1000, count).astype(np.int64)
+            expected = np.empty_like(data)
+            world.Allreduce(data, expected)
+            inplace = data.copy()
+            requests = [ringtree.iallreduce(data, comm=comm), ringtree.iallreduce(MPI.IN_PLACE, inplace, comm=comm)]
+            kinds.update(type(request._execution).__name__ for request in requests)
+            while not requests[1].test():  # polled, then the other waited for: out of order
+                pass
+            if not (np.array_equal(requests[0].wait(), expected) and np.array_equal(inplace, expected)):
+                failures.append(f"count {count}, call {call}")
+    if "NativeInFlight" not in kinds:
+        failures.append(f"requests of {kinds} only")
+    comm.Free()
+    assert_everywhere(world, failures)
+
+
 LEARNS = """
     import numpy as np
     from mpi4py import MPI

@@ -69,6 +69,16 @@ class Execution:
         if self.remaining == 0:
             self._complete()
 
+    def test(self) -> bool:
+        """Whether it is done, after one poll of every collective in flight."""
+        if not self.done:
+            IN_FLIGHT.poll()
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            IN_FLIGHT.wait(self)
+
     def _run(self, ready: list[int]) -> None:
         """Post every ready message; then compute one ready op, and repeat."""
         actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending

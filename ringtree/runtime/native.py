@@ -12,8 +12,9 @@ from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from .engine import SPINS_BEFORE_YIELD, back_off, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
+from .stalls import slot
 
-__all__ = ["NativePlan", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
+__all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
 
 # Up to this size a call goes through a persistent request (Allreduce_init) on a buffer of the plan's
 # own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
@@ -116,6 +117,47 @@ def native_runner(plan: NativePlan, state, source, target, in_place: bool):
             _wait(request, state, seq, signature, ())
         target[:] = buffer
     return run
+
+
+class NativeInFlight:
+    """MPI's own allreduce that iallreduce started, on the caller's arrays (an Iallreduce: the plan's
+    persistent request may be busy with another call): what a Request tests and waits on. Its waits
+    progress ringtree's collectives in flight and look for a mismatch, as a blocking call's do."""
+
+    __slots__ = ("plan", "state", "comm", "request", "seq", "source", "target", "then", "what", "done")
+
+    def __init__(self, plan: NativePlan, state, source, target, in_place: bool, then, what) -> None:
+        """`then()` runs once it is done; `what`: the call as a stall warning describes it."""
+        self.plan, self.state, self.comm, self.source, self.target = plan, state, state.comm, source, target
+        self.then, self.what, self.done = then, what, False
+        self.request = plan.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
+        self.seq = state.calls  # counted as every call is (run_native)
+        state.calls = self.seq + 1
+
+    def test(self) -> bool:
+        if not self.done:
+            progress_others()
+            if self.request.Test():
+                self._complete()
+        return self.done
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        waiting = slot()  # for the stall watchdog (stalls.py)
+        waiting[0] = self.what
+        try:
+            _wait(self.request, self.state, self.seq, self.plan.signature, (self.source, self.target))
+        finally:
+            waiting[0] = None
+            waiting[1] += 1
+        self._complete()
+
+    def _complete(self) -> None:
+        self.done = True
+        if self.plan.average:
+            self.plan.divide(self.target, self.state.size)
+        self.then()
 
 
 def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:
