@@ -26,7 +26,7 @@ from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.mismatch import Signature, Watch, signature
-from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_native
+from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_native, start_native
 from .runtime.one_caller import one_caller
 from .runtime.stalls import WAITING, slot
 from .runtime.state import comm_state
@@ -178,27 +178,22 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
 
 
 def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> Request:
-    call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
-        sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
-    if call is None:
-        return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+    repeat = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+    if repeat is not None:
+        call, state, _, source, target, inplace = repeat
+        trial = None
+    else:
+        call, state, source, target, recvbuf, inplace, timeout, trial = _prepare(
+            sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+        if call is None:
+            return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
+        if (type(call) is NativePlan and trial is None and check is None and segment is None
+                and not settings.current().check and known_op(op) is not None):
+            state.repeats[op_key(op), algorithm, target.dtype, target.size, inplace] = call  # as _allreduce's
     if type(call) is NativePlan:
-        return _start_native(call, state, source, target, recvbuf, inplace, trial,
-                             described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm))
+        what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
+        return Request(start_native(call, state, source, target, inplace, trial, what), recvbuf)
     return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
-
-
-def _start_native(call, state, source, target, recvbuf, inplace, trial, what) -> Request:
-    started = time.perf_counter()
-
-    def finish() -> None:
-        if trial is not None:
-            Tuner.record(trial, time.perf_counter() - started)
-
-    native = NativeInFlight(call, state, source, target, inplace, finish, what)
-    if trial is not None:
-        Tuner.in_flight(trial, native.wait)
-    return Request(native, recvbuf)
 
 
 def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):

@@ -79,16 +79,16 @@ def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source
     return again
 
 
-def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
-    """The stepwise path's shortcut for a call like an earlier one on the same communicator: same op,
-    algorithm, dtype, size and in-place-ness, numpy arrays, default segment, check and timeout. Only
-    what may differ between such calls is checked: the arrays' layout, writability and overlap.
+def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):
+    """The shortcut of a stepwise or native call like an earlier one on the same communicator: same
+    op, algorithm, dtype, size and in-place-ness, numpy arrays, default segment, check and timeout.
+    Only what may differ between such calls is checked: the arrays' layout, writability and overlap.
     Returns (call plan, state, steps, source, target, in place), or None for allreduce to check the
-    call in full."""
+    call in full. A `blocking` call takes it only with nothing in flight (the stepwise path)."""
     last = LAST[0]  # read once: another thread may change it
     if ((get_ident() != THREADED[0] and not THREADED[1])  # a second thread's first call: allreduce notes it
             or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
-            or type(algorithm) is not str or IN_FLIGHT.requests or IN_FLIGHT.queued
+            or type(algorithm) is not str or (blocking and (IN_FLIGHT.requests or IN_FLIGHT.queued))
             or (WORLD if comm is None else comm) is not last[0]):
         return None
     state = last[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import NamedTuple
 
@@ -10,11 +11,13 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
+from ..tuning.online import Tuner
 from .engine import SPINS_BEFORE_YIELD, back_off, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .stalls import slot
 
-__all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "native_runner", "free_plan"]
+__all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "native_runner", "start_native",
+           "free_plan"]
 
 # Up to this size a call goes through a persistent request (Allreduce_init) on a buffer of the plan's
 # own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
@@ -158,6 +161,21 @@ class NativeInFlight:
         if self.plan.average:
             self.plan.divide(self.target, self.state.size)
         self.then()
+
+
+def start_native(plan: NativePlan, state, source, target, in_place: bool, trial, what) -> NativeInFlight:
+    """iallreduce's call of MPI's own allreduce, started; a trial of online tuning (`trial`) records
+    its time once it is done."""
+    started = time.perf_counter()
+
+    def finish() -> None:
+        if trial is not None:
+            Tuner.record(trial, time.perf_counter() - started)
+
+    native = NativeInFlight(plan, state, source, target, in_place, finish, what)
+    if trial is not None:
+        Tuner.in_flight(trial, native.wait)
+    return native
 
 
 def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:
