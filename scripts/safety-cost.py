@@ -29,19 +29,19 @@ from ringtree import settings
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.commands.arguments import format_size, parse_size
 from ringtree.commands.measure import time_in_turns
-from ringtree.runtime import engine
+from ringtree.runtime import engine, one_caller
 
 WARM_UP = 60  # calls per size and algorithm: past online tuning's trials
 LOCK, NO_LOCK = engine.LOCK, contextlib.nullcontext()
 ALLREDUCE_MODULE = sys.modules["ringtree.allreduce"]  # the package's ringtree.allreduce is the function
 
 
-ENTER_CALL = ALLREDUCE_MODULE.enter_call
+ENTER_CALL = one_caller.enter_call
 
 
 def locking(lock) -> None:
     engine.LOCK = ALLREDUCE_MODULE.LOCK = lock  # the engine's uses, and allreduce's as it starts an execution
-    ALLREDUCE_MODULE.enter_call = ENTER_CALL if lock is LOCK else (lambda comm, second: None)
+    one_caller.enter_call = ENTER_CALL if lock is LOCK else (lambda comm, second: None)
 
 
 def communicator_with(signatures: str) -> MPI.Comm:
