@@ -289,3 +289,15 @@ def test_draw_refuses_a_diagram_too_large_at_once():
     run = subprocess.run([sys.executable, "-m", "ringtree", "draw", "--algorithm", "ring", "--ranks", "2000"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and time.perf_counter() - started < 30
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own processes; run on one rank")
+@pytest.mark.parametrize("script", sorted(path.name for path in (Path(__file__).parent.parent / "scripts").glob("*.py")))
+def test_every_script_imports_and_refuses_a_bad_argument_with_a_usage_error(script):
+    # The scripts reach into ringtree's modules: one that moved must not leave a script broken.
+    path = Path(__file__).parent.parent / "scripts" / script
+    helped = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "usage:" in helped.stdout, helped.stderr
+    refused = subprocess.run([sys.executable, str(path), "--no-such-option"], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
