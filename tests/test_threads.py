@@ -134,6 +134,66 @@ def test_two_threads_in_calls_on_one_communicator_get_an_error_on_every_rank_not
         assert f"rank {rank}: two threads named after" in run.stdout, run.stdout
 
 
+ONE_FAILS = """
+    import threading
+    import numpy as np
+    from mpi4py import MPI
+    import ringtree
+    from ringtree.allreduce import allreduce, iallreduce
+    from ringtree.runtime.mismatch import signature
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    failing, going_on = world.Dup(), world.Dup()
+    for comm in (failing, going_on):
+        allreduce(np.ones(3), comm=comm)
+    # The last rank passes fewer elements, a count whose signature codes alike: the messages match and
+    # are of another size, which a poll finds, in whichever thread polls.
+    count = 300_000
+    code = signature(count, np.dtype(np.float32), "sum", "ring", None).code
+    fewer = next(c for c in range(count - 1, 0, -1) if signature(c, np.dtype(np.float32), "sum", "ring", None).code == code)
+    outcomes = {}
+
+    def fail():
+        data = np.ones(fewer if rank == size - 1 else count, np.float32)
+        try:
+            for _ in range(3):
+                iallreduce(data, comm=failing, algorithm="ring").wait()
+            outcomes["failing"] = "no error"
+        except ringtree.MismatchError:
+            outcomes["failing"] = "MismatchError"
+        except Exception as error:
+            outcomes["failing"] = f"{type(error).__name__}: {error}"
+
+    def go_on():
+        wrong = 0
+        try:
+            for call in range(300):
+                result = iallreduce(np.full(1000, rank + call, np.int64), comm=going_on, algorithm="ring").wait()
+                wrong += int(result[0] != size * call + size * (size - 1) // 2)
+            outcomes["going on"] = f"{wrong} wrong"
+        except Exception as error:
+            outcomes["going on"] = f"{type(error).__name__}: {error}"
+
+    threads = [threading.Thread(target=fail), threading.Thread(target=go_on)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(f"rank {rank}: failing {outcomes['failing']}; going on {outcomes['going on']}", flush=True)
+"""
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+@pytest.mark.skipif("Open MPI" in MPI.Get_library_version(),
+                    reason="a message larger than its receive corrupts memory under Open MPI (docs/reliability.md)")
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_collective_that_fails_in_one_thread_raises_there_and_not_in_a_thread_that_polls_it(nranks):
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(ONE_FAILS), timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in range(nranks):
+        assert f"rank {rank}: failing MismatchError; going on 0 wrong" in run.stdout, run.stdout
+
+
 SERIALIZED = """
     import threading
     import mpi4py

@@ -22,7 +22,7 @@ from ..errors import MismatchError, PeerFailure
 from ..schedule import OpKind
 from . import reliability, timeline
 from .compiled import CompiledSchedule
-from .failures import error_classes, failing, job_ends, source, translated, wrong_size
+from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
 from .mismatch import LOOK_EVERY, Signature, Watch
 from .stalls import slot
 
@@ -187,24 +187,18 @@ class InFlight:
         try:
             finished = MPI.Request.Testsome(self.requests, self.statuses)
         except MPI.Exception as error:
-            # Testsome's statuses are those of the requests it completed, in an order it does not
-            # return on error: a failed receive's status names its peer, a send's none.
-            statuses = self.statuses[:len(self.requests)]
-            classes = error_classes(error, statuses)
-            execution = self.owners[0][0]
-            on_a_message = error.Get_error_class() == MPI.ERR_IN_STATUS
-            peer = source(statuses[failing(classes)], execution.comm) if on_a_message else None
-            ours = translated(classes, execution.comm, on_a_message, peer)
-            if ours is None:
-                raise
-            if isinstance(ours, MismatchError):  # a message larger than its receive: every rank is told
-                Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(str(ours))
-            raise self.abandon(execution, ours) from None
+            self._failed(error)
         if not finished:
             return bool(finished_work)
+        self._completed(finished, self.statuses)
+        return True
+
+    def _completed(self, finished: list[int], statuses: list) -> None:
+        """Requests at `finished` (ascending), with their statuses in that order, have completed:
+        check each received message's size, take them out, and let their ops go on."""
         owners = self.owners
         done = [owners[i] for i in finished]
-        for (execution, op), status in zip(done, self.statuses):
+        for (execution, op), status in zip(done, statuses):
             action = execution.actions[op]
             if action[0] is RECV:
                 expected = (action[3].stop - action[3].start) * execution.buffers[action[2]].itemsize
@@ -218,7 +212,34 @@ class InFlight:
                 del self.requests[i], owners[i]
         for execution, op in done:
             execution.op_done(op)
-        return True
+
+    def _failed(self, error: MPI.Exception):
+        """Testsome failed: raise ringtree's error for the collective whose message failed, after the
+        other requests it completed have gone on. Completed requests are null now, and their
+        statuses in the order of their indices (MPICH and Open MPI do so)."""
+        finished = [i for i, request in enumerate(self.requests) if request == MPI.REQUEST_NULL]
+        in_status = error.Get_error_class() == MPI.ERR_IN_STATUS
+        statuses = list(self.statuses[:len(finished)]) if in_status else []
+        classes = error_classes(error, statuses)
+        bad = failing(classes)
+        at = finished[bad] if bad < len(finished) else 0  # not known: the oldest request's
+        execution = self.owners[at][0]
+        peer = source(statuses[bad], execution.comm) if in_status and bad < len(statuses) else None
+        ours = translated(classes, execution.comm, in_status, peer)
+        if ours is None:
+            raise error
+        fine = [(i, status) for i, status, c in zip(finished, statuses, classes)
+                if c in NOT_FAILED and self.owners[i][0] is not execution]
+        failed = [i for i in finished if self.owners[i][0] is execution]
+        for i in sorted(failed, reverse=True):  # the failed collective's: abandon takes the rest
+            del self.requests[i], self.owners[i]
+        if fine:
+            indices = [i for i, _ in fine]
+            shift = [sum(1 for j in failed if j < i) for i in indices]
+            self._completed([i - d for i, d in zip(indices, shift)], [status for _, status in fine])
+        if isinstance(ours, MismatchError):  # a message larger than its receive: every rank is told
+            Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(str(ours))
+        raise self.abandon(execution, ours) from None
 
     def _poll_queued(self) -> bool:
         done, running = [], []
