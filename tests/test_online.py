@@ -143,12 +143,12 @@ def test_the_mpi_librarys_own_allreduce_gives_every_rank_bitwise_the_same_floats
     assert_everywhere(comm, [] if same_on_all_ranks(comm, result) else ["ranks differ"])
 
 
-@pytest.mark.mpi
-def test_small_native_calls_go_through_persistent_requests_that_the_communicator_frees(monkeypatch, tmp_path):
-    world = MPI.COMM_WORLD
+def _where_native_is_fastest(monkeypatch, tmp_path) -> MPI.Comm:
+    """A communicator with an empty tuning cache, whose trials find native 100 times faster than
+    any algorithm."""
     monkeypatch.setenv("RINGTREE_CACHE_DIR", str(tmp_path))  # not what earlier tests committed
     settings.reload()
-    comm = world.Dup()
+    comm = MPI.COMM_WORLD.Dup()
     comm_state(comm)
     monkeypatch.undo()
     settings.reload()
@@ -159,6 +159,13 @@ def test_small_native_calls_go_through_persistent_requests_that_the_communicator
         honest(trial, seconds * (1 if exploration.options[index].algorithm == NATIVE else 100))
 
     monkeypatch.setattr(Tuner, "record", staticmethod(native_fastest))
+    return comm
+
+
+@pytest.mark.mpi
+def test_small_native_calls_go_through_persistent_requests_that_the_communicator_frees(monkeypatch, tmp_path):
+    world = MPI.COMM_WORLD
+    comm = _where_native_is_fastest(monkeypatch, tmp_path)
     rng = np.random.default_rng(world.Get_rank())
     failures = []
     counts = (2, 300, native.PERSISTENT_MAX // 8 + 1)  # the last one is too large: Iallreduce
@@ -191,19 +198,7 @@ def test_small_native_calls_go_through_persistent_requests_that_the_communicator
 @pytest.mark.mpi
 def test_nonblocking_calls_run_mpis_own_allreduce_where_online_tuning_committed_to_it(monkeypatch, tmp_path):
     world = MPI.COMM_WORLD
-    monkeypatch.setenv("RINGTREE_CACHE_DIR", str(tmp_path))  # not what earlier tests committed
-    settings.reload()
-    comm = world.Dup()
-    comm_state(comm)
-    monkeypatch.undo()
-    settings.reload()
-    honest = Tuner.record
-
-    def native_fastest(trial, seconds):
-        exploration, index = trial
-        honest(trial, seconds * (1 if exploration.options[index].algorithm == NATIVE else 100))
-
-    monkeypatch.setattr(Tuner, "record", staticmethod(native_fastest))
+    comm = _where_native_is_fastest(monkeypatch, tmp_path)
     rng = np.random.default_rng(world.Get_rank())
     failures, kinds = [], set()
     for count in (2, 3000):
