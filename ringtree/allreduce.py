@@ -28,7 +28,7 @@ from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.mismatch import Signature, Watch, signature
 from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_native, start_native
 from .runtime.one_caller import one_caller
-from .runtime.stalls import WAITING, slot
+from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import THREADED, get_ident, note_thread
@@ -101,7 +101,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
         if THREADED[1]:
             return one_caller(comm, _watched_again, again, recvbuf)
-        WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): _watched, inlined
+        WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): watched, inlined
         try:
             again.run()
         finally:
@@ -114,7 +114,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
 
 
 def _watched_again(again, recvbuf):
-    _watched(again.run, again.call)
+    watched(again.run, again.call)
     return recvbuf
 
 
@@ -136,36 +136,22 @@ def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
                                              or (THREADED[1] and not state.signatures)):  # that one waits in MPI
             return _start(call, state, source, target, result, inplace, timeout, trial).wait()
         # A stepwise or native plan runs here; one that is not a trial, check or given segment is repeated.
-        repeatable = (trial is None and check is None and segment is None and not settings.current().check
-                      and known_op(op) is not None)
-        if repeatable:
-            state.repeats[op_key(op), algorithm, target.dtype, target.size, inplace] = call
+        repeatable = _remembered(state, call, op, algorithm, target, inplace, trial, check, segment)
     what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
     if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
             and (inplace or type(sendbuf) is NDARRAY) and (state.signatures or not THREADED[1])):
-        _watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
+        watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
                             what).run, what)
         return recvbuf
     started = time.perf_counter()
     if type(call) is NativePlan:
-        _watched(partial(run_native, call, state, source, target, inplace), what)
+        watched(partial(run_native, call, state, source, target, inplace), what)
     else:
         # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
-        _watched(steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target), what)
+        watched(steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target), what)
     if trial is not None:
         Tuner.record(trial, time.perf_counter() - started)
     return result
-
-
-def _watched(run, what) -> None:
-    """run(), with the stall watchdog (runtime/stalls.py) told that this rank waits in `what`."""
-    waiting = slot()
-    waiting[0] = what
-    try:
-        run()
-    finally:
-        waiting[0] = None
-        waiting[1] += 1
 
 
 def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
@@ -187,13 +173,21 @@ def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> R
             sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
         if call is None:
             return _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, False)
-        if (type(call) is NativePlan and trial is None and check is None and segment is None
-                and not settings.current().check and known_op(op) is not None):
-            state.repeats[op_key(op), algorithm, target.dtype, target.size, inplace] = call  # as _allreduce's
+        if type(call) is NativePlan:
+            _remembered(state, call, op, algorithm, target, inplace, trial, check, segment)
     if type(call) is NativePlan:
         what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
         return Request(start_native(call, state, source, target, inplace, trial, what), recvbuf)
     return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
+
+
+def _remembered(state, call, op, algorithm, target, inplace, trial, check, segment) -> bool:
+    """Keep `call`'s plan for repeat_of's shortcut, unless the call is a trial, in check mode or of a
+    given segment; say whether it was kept."""
+    if trial is not None or check is not None or segment is not None or settings.current().check or known_op(op) is None:
+        return False
+    state.repeats[op_key(op), algorithm, target.dtype, target.size, inplace] = call
+    return True
 
 
 def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, timeout, blocking):
@@ -324,13 +318,9 @@ def _line_up(state, signature, timeout) -> None:
                                f"before a tuning trial within {timeout:g} s")
         return False
 
-    waiting = slot()
-    waiting[0] = f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial"
-    try:
-        # Backing off: ranks that outnumber the cores must get to run and arrive.
-        IN_FLIGHT.progress_until(arrived, Watch(state, state.calls, signature).look)
-    finally:
-        waiting[0] = None
+    # Backing off: ranks that outnumber the cores must get to run and arrive.
+    watched(partial(IN_FLIGHT.progress_until, arrived, Watch(state, state.calls, signature).look),
+            f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial")
 
 
 def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segment) -> CallPlan | NativePlan:

@@ -14,7 +14,7 @@ from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
 from .engine import SPINS_BEFORE_YIELD, back_off, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
-from .stalls import slot
+from .stalls import watched
 
 __all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "native_runner", "start_native",
            "free_plan"]
@@ -147,13 +147,8 @@ class NativeInFlight:
     def wait(self) -> None:
         if self.done:
             return
-        waiting = slot()  # for the stall watchdog (stalls.py)
-        waiting[0] = self.what
-        try:
-            _wait(self.request, self.state, self.seq, self.plan.signature, (self.source, self.target))
-        finally:
-            waiting[0] = None
-            waiting[1] += 1
+        watched(partial(_wait, self.request, self.state, self.seq, self.plan.signature, (self.source, self.target)),
+                self.what)
         self._complete()
 
     def _complete(self) -> None:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from ..debug import log
 from .threads import THREADED, get_ident
 
-__all__ = ["WAITING", "Call", "slot", "watch"]
+__all__ = ["WAITING", "Call", "slot", "watch", "watched"]
 
 WAITING: list = [None, 0]
 _OTHERS: dict[int, list] = {}  # thread ident -> its [what, progress], for threads after the first
@@ -35,6 +35,17 @@ def slot() -> list:
     if mine is None:
         mine = _OTHERS[ident] = [None, 0]
     return mine
+
+
+def watched(run, what) -> None:
+    """run(), with the watchdog told that the calling thread waits in `what` meanwhile."""
+    waiting = slot()
+    waiting[0] = what
+    try:
+        run()
+    finally:
+        waiting[0] = None
+        waiting[1] += 1
 
 
 class Call(NamedTuple):
