@@ -230,13 +230,8 @@ class InFlight:
             raise error
         fine = [(i, status) for i, status, c in zip(finished, statuses, classes)
                 if c in NOT_FAILED and self.owners[i][0] is not execution]
-        failed = [i for i in finished if self.owners[i][0] is execution]
-        for i in sorted(failed, reverse=True):  # the failed collective's: abandon takes the rest
-            del self.requests[i], self.owners[i]
-        if fine:
-            indices = [i for i, _ in fine]
-            shift = [sum(1 for j in failed if j < i) for i in indices]
-            self._completed([i - d for i, d in zip(indices, shift)], [status for _, status in fine])
+        if fine:  # the failed collective's requests, null or not, abandon takes out
+            self._completed([i for i, _ in fine], [status for _, status in fine])
         if isinstance(ours, MismatchError):  # a message larger than its receive: every rank is told
             Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(str(ours))
         raise self.abandon(execution, ours) from None

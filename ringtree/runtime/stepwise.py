@@ -143,12 +143,7 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
         message = comm.improbe(source, ANY_TAG, status)
         if message is None:
             idle += 1
-            if idle % LOOK_EVERY == 0:
-                if watch is None:
-                    watch = Watch(state, seq, signature)
-                watch.look()
-            if not progress_others():
-                back_off(idle)
+            watch = _idle(idle, watch, state, signature)
             continue
         got_tag, got = status.Get_tag(), status.Get_count(BYTE)
         if got_tag == tag and got == nbytes:
@@ -165,12 +160,19 @@ def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Sig
     idle, watch = 0, None
     while not request.Test(status):
         idle += 1
-        if idle % LOOK_EVERY == 0:
-            if watch is None:
-                watch = Watch(state, state.calls - 1, signature)
-            watch.look()
-        if not progress_others():
-            back_off(idle)
+        watch = _idle(idle, watch, state, signature)
+
+
+def _idle(idle: int, watch: Watch | None, state, signature: Signature) -> Watch | None:
+    """One empty poll of a wait: every LOOK_EVERY, look for a mismatch (with the Watch made at the
+    first look, returned to keep); progress other threads' collectives, or back off."""
+    if idle % LOOK_EVERY == 0:
+        if watch is None:
+            watch = Watch(state, state.calls - 1, signature)
+        watch.look()
+    if not progress_others():
+        back_off(idle)
+    return watch
 
 
 def _cancel(received: MPI.Request | None, sent: MPI.Request | None, state, steps) -> None:
