@@ -128,10 +128,7 @@ SAME_COMMUNICATOR = """
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_two_threads_in_calls_on_one_communicator_get_an_error_on_every_rank_not_a_hang(nranks):
-    run = run_mpiexec(nranks, "-c", textwrap.dedent(SAME_COMMUNICATOR), timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    for rank in range(nranks):
-        assert f"rank {rank}: two threads named after" in run.stdout, run.stdout
+    _every_rank_says(nranks, SAME_COMMUNICATOR, "two threads named after")
 
 
 ONE_FAILS = """
@@ -188,10 +185,7 @@ ONE_FAILS = """
                     reason="a message larger than its receive corrupts memory under Open MPI (docs/reliability.md)")
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_collective_that_fails_in_one_thread_raises_there_and_not_in_a_thread_that_polls_it(nranks):
-    run = run_mpiexec(nranks, "-c", textwrap.dedent(ONE_FAILS), timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    for rank in range(nranks):
-        assert f"rank {rank}: failing MismatchError; going on 0 wrong" in run.stdout, run.stdout
+    _every_rank_says(nranks, ONE_FAILS, "failing MismatchError; going on 0 wrong")
 
 
 SERIALIZED = """
@@ -226,3 +220,11 @@ def test_a_second_thread_under_a_thread_level_below_multiple_gets_a_clear_error(
     for rank in (0, 1):
         assert (f"ringtree allreduce on rank {rank}: a second thread calls ringtree, but MPI was initialised with "
                 "MPI_THREAD_SERIALIZED") in run.stdout, run.stdout
+
+
+def _every_rank_says(nranks, script, words) -> None:
+    """Run `script` on `nranks` ranks; every rank's line of output reads "rank R: `words`"."""
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(script), timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in range(nranks):
+        assert f"rank {rank}: {words}" in run.stdout, run.stdout
