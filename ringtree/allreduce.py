@@ -20,18 +20,19 @@ from . import settings
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
 from .ops import ReduceOp, known_op, parse_op
+from .request import Request
 from .runtime import reliability, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repeat_of, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.mismatch import Signature, Watch, signature
-from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_native, start_native
-from .runtime.one_caller import one_caller
+from .runtime.native import NativePlan, native_plan, reduces, run_native, start_native
+from .runtime.one_caller import first_caller, intruded, one_caller
 from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
-from .runtime.threads import THREADED, get_ident, note_thread
+from .runtime.threads import FIRST_IN, THREADED, get_ident, note_thread
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
@@ -41,43 +42,6 @@ __all__ = ["allreduce", "iallreduce", "Request"]
 
 # Looked up once: the repeat path counts every 0.1 µs.
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
-
-
-class Request:
-    """A collective in flight. `wait()` returns the result array; `test()` says whether it is done."""
-
-    __slots__ = ("_execution", "_result", "_then")
-
-    def __init__(self, execution: Execution | NativeInFlight, result, then=None) -> None:
-        self._execution = execution
-        self._result = result
-        self._then = then  # what is left to do once the execution is done
-
-    def test(self) -> bool:
-        note_thread(self._execution.comm)
-        done = self._execution.test()
-        if done and self._then is not None:
-            self._finish()
-        return done
-
-    def wait(self):
-        note_thread(self._execution.comm)
-        self._execution.wait()
-        if self._then is not None:
-            self._finish()
-        return self._result
-
-    def _finish(self) -> None:
-        then, self._then = self._then, None
-        then()
-
-    # mpi4py's spelling, for code written against MPI.Request.
-    def Test(self) -> bool:
-        return self.test()
-
-    def Wait(self) -> bool:
-        self.wait()
-        return True
 
 
 def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
@@ -100,17 +64,36 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             and (again.inplace or sendbuf.dtype is again.dtype)
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
         if THREADED[1]:
-            return one_caller(comm, _watched_again, again, recvbuf)
+            return one_caller(comm, _watched_again, again, recvbuf, confirm=_confirmed)
+        outer, FIRST_IN[0] = FIRST_IN[0], again.handle  # one_caller.first_caller, inlined: marked, then
         WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): watched, inlined
         try:
-            again.run()
+            if THREADED[1]:  # THREADED read again: a second thread has called since
+                one_caller(comm, again.run, confirm=_confirmed)
+            else:
+                again.run()
         finally:
-            WAITING[0] = None
+            FIRST_IN[0], WAITING[0] = outer, None
             WAITING[1] += 1
+        if FIRST_IN[1] is not None:
+            intruded()
         return recvbuf
     if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
-        return one_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
-    return _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+        return one_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
+                          confirm=_confirmed if timeout is None else partial(_confirmed, timeout=timeout))
+    return first_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
+                        confirm=_confirmed if timeout is None else partial(_confirmed, timeout=timeout))
+
+
+def _confirmed(comm, timeout=None) -> None:
+    """The end of a call that every rank confirms, where another thread's could have been paired with
+    it (runtime/one_caller.py): a rank that found a second thread in a call ends it with its notice.
+    On an array of the thread's own for the communicator, so that it takes the repeat path."""
+    arrays = comm_state(WORLD if comm is None else comm).confirming
+    mine = arrays.get(get_ident())
+    if mine is None:
+        mine = arrays[get_ident()] = np.zeros(1, np.uint8)
+    allreduce(IN_PLACE, mine, MPI.MAX, comm=comm, algorithm="recursive_doubling", timeout=timeout)
 
 
 def _watched_again(again, recvbuf):
@@ -160,7 +143,7 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
     waiting on it; in check mode, the ranks agree before this returns)."""
     if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
         return one_caller(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
-    return _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    return first_caller(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
 
 
 def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> Request:
@@ -327,7 +310,8 @@ def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segmen
     """Build the plan of `choice` for a new call shape, kept under `plan_key` for the calls after;
     `algorithm` and `segment` are the caller's, for the plan's signature."""
     dtype = target.dtype
-    log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
+    if not any(target is mine for mine in state.confirming.values()):  # ringtree's own, not the user's choice
+        log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
     sign = signature(target.size, dtype, reduce_op.value, algorithm, segment)
     if choice.algorithm == NATIVE:
         if state.make_room():

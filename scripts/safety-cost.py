@@ -2,7 +2,7 @@
 thread lock and without it, and native MPI, in one run.
 
     mpiexec -n 2 python scripts/safety-cost.py [--sizes 8,1M] [--algorithms auto,ring] [--iters 31] [--threaded]
-                                               [--nonblocking]
+                                               [--nonblocking] [--shared]
 
 Each setting of RINGTREE_SIGNATURES gets a communicator of its own (the setting
 is read when ringtree sets a communicator up). "no lock" is the default with
@@ -11,7 +11,11 @@ turns only: what the lock costs a single thread. With --threaded a second
 thread has called ringtree first, so calls take the paths of a program with
 several threads, and "no lock" swaps out the check that one thread at a time
 is in a call on a communicator (threads.enter_call) as well. With
---nonblocking each call is iallreduce(...).wait() (the engine). Online tuning's
+--nonblocking each call is iallreduce(...).wait() (the engine). With --shared
+the calls come from a second thread, on communicators the first thread set
+up, so that each blocking call ends with every rank confirming it
+(runtime/one_caller.py); "own" is a communicator the second thread set up,
+whose calls are not confirmed. Online tuning's
 trials are run first. Timing is bench's (turns in shuffled order, medians of the slowest
 rank).
 """
@@ -59,20 +63,34 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=31)
     parser.add_argument("--threaded", action="store_true", help="after a second thread has called ringtree")
     parser.add_argument("--nonblocking", action="store_true", help="iallreduce(...).wait() instead of allreduce")
+    parser.add_argument("--shared", action="store_true",
+                        help="from a second thread, on communicators the first thread set up: each call confirmed")
     args = parser.parse_args()
-    ours = (lambda *a, **k: iallreduce(*a, **k).wait()) if args.nonblocking else allreduce
     world = MPI.COMM_WORLD
-    if args.threaded:
+    if args.threaded or args.shared:
         second = threading.Thread(target=allreduce, args=(np.ones(1),), kwargs=dict(comm=world.Dup()))
         second.start()
         second.join()
     on, off = communicator_with("1"), communicator_with("0")
+    if not args.shared:
+        measure(args, world, on, off, None)
+        return
+    measuring = threading.Thread(target=lambda: measure(args, world, on, off, communicator_with("1")))
+    measuring.start()
+    measuring.join()
+
+
+def measure(args, world, on, off, own) -> None:
+    """The table: each size and algorithm timed in turns on `on`, `off` and, if given, `own`."""
+    ours = (lambda *a, **k: iallreduce(*a, **k).wait()) if args.nonblocking else allreduce
     if world.Get_rank() == 0:
         print(f"{world.Get_size()} ranks, float64 sum, medians of {args.iters} turns"
               f"{', after a second thread has called' if args.threaded else ''}"
+              f"{', from a thread on communicators another set up' if own is not None else ''}"
               f"{', iallreduce(...).wait()' if args.nonblocking else ''}\n\n"
-              "| size | algorithm | native µs | signatures off µs | on (default) µs | on, no lock µs | on / off | lock's cost |\n"
-              "|---:|---|---:|---:|---:|---:|---:|---:|")
+              "| size | algorithm | native µs | signatures off µs | on (default) µs | on, no lock µs | on / off | lock's cost |"
+              + (" own µs | on / own |" if own is not None else "") + "\n"
+              "|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if own is not None else ""))
     for nbytes in map(parse_size, args.sizes.split(",")):
         data = np.ones(max(1, nbytes // 8))
         out = np.empty_like(data)
@@ -88,6 +106,8 @@ def main() -> None:
                      "off": lambda data=data, out=out, a=algorithm: ours(data, out, comm=off, algorithm=a),
                      "on": lambda data=data, out=out, a=algorithm: ours(data, out, comm=on, algorithm=a),
                      "no lock": unlocked}
+            if own is not None:
+                calls["own"] = lambda data=data, out=out, a=algorithm: ours(data, out, comm=own, algorithm=a)
             for call in calls.values():
                 for _ in range(WARM_UP):
                     call()
@@ -95,7 +115,9 @@ def main() -> None:
             if world.Get_rank() == 0:
                 print(f"| {format_size(nbytes)} | {algorithm} | {median['native'] * 1e6:.2f} | {median['off'] * 1e6:.2f} | "
                       f"{median['on'] * 1e6:.2f} | {median['no lock'] * 1e6:.2f} | {median['on'] / median['off']:.3f} | "
-                      f"{median['on'] / median['no lock'] - 1:+.1%} |", flush=True)
+                      f"{median['on'] / median['no lock'] - 1:+.1%} |"
+                      + (f" {median['own'] * 1e6:.2f} | {median['on'] / median['own']:.3f} |" if own is not None else ""),
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import os
 import queue
 import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,137 +95,74 @@ def test_threads_on_communicators_of_their_own_get_right_results_and_wait_on_eac
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-SAME_COMMUNICATOR = """
-    import threading, time
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+@pytest.mark.parametrize("start", ["new", "after-call"])
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_two_threads_in_calls_on_one_communicator_get_an_error_on_every_rank_and_no_wrong_result(nranks, start):
+    script = Path(__file__).parent.parent / "scripts" / "threads-on-one-communicator.py"
+    run = run_mpiexec(nranks, str(script), "--start", start, "--calls", "40", timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in range(nranks):
+        assert f"rank {rank}: two threads named, 0 wrong" in run.stdout, run.stdout
+
+
+TAKING_TURNS = """
+    import sys, threading
     import numpy as np
     from mpi4py import MPI
     import ringtree
     from ringtree.allreduce import allreduce
+    from ringtree.runtime.state import existing_state
     comm = MPI.COMM_WORLD.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
-    allreduce(np.ones(4), comm=comm)
-    outcomes = []
+    wrong, errors, confirmed = [], [], []
 
-    def work(k):
-        data = np.full(100_000, float(rank + 1))
+    def calls(k, n=20):
         try:
-            for _ in range(40):
-                allreduce(data, comm=comm)
-            outcomes.append("no error")
+            for call in range(n):
+                data = np.full(1 + 1000 * (call % 3), float(k * 100 + call + rank))
+                wrong.append(allreduce(data, comm=comm)[0] != size * (k * 100 + call) + size * (size - 1) / 2)
+                confirmed.append(existing_state(comm).threads_bit != 0)
         except ringtree.MismatchError as error:
-            outcomes.append(str(error))
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    said = any("two threads were in calls on it at once" in outcome for outcome in outcomes)
-    print(f"rank {rank}: {'two threads named' if said else outcomes} after {time.perf_counter() - started:.1f} s")
-"""
-
-
-@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
-@pytest.mark.parametrize("nranks", [2, 3])
-def test_two_threads_in_calls_on_one_communicator_get_an_error_on_every_rank_not_a_hang(nranks):
-    _every_rank_says(nranks, SAME_COMMUNICATOR, "two threads named after")
-
-
-ONE_FAILS = """
-    import threading
-    import numpy as np
-    from mpi4py import MPI
-    import ringtree
-    from ringtree.allreduce import allreduce, iallreduce
-    from ringtree.runtime.mismatch import signature
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    failing, going_on = world.Dup(), world.Dup()
-    for comm in (failing, going_on):
-        allreduce(np.ones(3), comm=comm)
-    # The last rank passes fewer elements, a count whose signature codes alike: the messages match and
-    # are of another size, which a poll finds, in whichever thread polls.
-    count = 300_000
-    code = signature(count, np.dtype(np.float32), "sum", "ring", None).code
-    fewer = next(c for c in range(count - 1, 0, -1) if signature(c, np.dtype(np.float32), "sum", "ring", None).code == code)
-    outcomes = {}
-
-    def fail():
-        data = np.ones(fewer if rank == size - 1 else count, np.float32)
-        try:
-            for _ in range(3):
-                iallreduce(data, comm=failing, algorithm="ring").wait()
-            outcomes["failing"] = "no error"
-        except ringtree.MismatchError:
-            outcomes["failing"] = "MismatchError"
-        except Exception as error:
-            outcomes["failing"] = f"{type(error).__name__}: {error}"
-
-    def go_on():
-        wrong = 0
-        try:
-            for call in range(300):
-                result = iallreduce(np.full(1000, rank + call, np.int64), comm=going_on, algorithm="ring").wait()
-                wrong += int(result[0] != size * call + size * (size - 1) // 2)
-            outcomes["going on"] = f"{wrong} wrong"
-        except Exception as error:
-            outcomes["going on"] = f"{type(error).__name__}: {error}"
-
-    threads = [threading.Thread(target=fail), threading.Thread(target=go_on)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    print(f"rank {rank}: failing {outcomes['failing']}; going on {outcomes['going on']}", flush=True)
-"""
-
-
-@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
-@pytest.mark.skipif("Open MPI" in MPI.Get_library_version(),
-                    reason="a message larger than its receive corrupts memory under Open MPI (docs/reliability.md)")
-@pytest.mark.parametrize("nranks", [2, 3])
-def test_a_collective_that_fails_in_one_thread_raises_there_and_not_in_a_thread_that_polls_it(nranks):
-    _every_rank_says(nranks, ONE_FAILS, "failing MismatchError; going on 0 wrong")
-
-
-SERIALIZED = """
-    import threading
-    import mpi4py
-    mpi4py.rc.thread_level = "serialized"
-    import numpy as np
-    from mpi4py import MPI
-    from ringtree.allreduce import allreduce
-    data = np.ones(4)
-    allreduce(data)
-    errors = []
-
-    def second():
-        try:
-            allreduce(data)
-        except RuntimeError as error:
             errors.append(str(error))
 
-    thread = threading.Thread(target=second)
-    thread.start()
-    thread.join()
-    print(errors[0] if errors else "no error")
-    assert (allreduce(data) == MPI.COMM_WORLD.Get_size()).all()  # the first thread goes on
+    calls(0)  # the main thread, then two others in turn, then the main thread again: legal, as in MPI
+    for k, n in ((1, 20), (2, 70)):
+        if sys.argv[1] == "every rank" or rank == 0:
+            thread = threading.Thread(target=calls, args=(k, n))
+            thread.start()
+            thread.join()
+        else:
+            calls(k, n)
+        if errors:
+            break
+    if not errors:
+        calls(3)
+    turns = [sum(confirmed[20 * k:20 * k + 20]) for k in range(2)] + [sum(confirmed[40:110]), sum(confirmed[110:])]
+    print(f"rank {rank}: {errors[0] if errors else f'{sum(wrong)} wrong of {len(wrong)}; confirmed {turns}'}")
 """
 
 
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
-def test_a_second_thread_under_a_thread_level_below_multiple_gets_a_clear_error():
-    run = run_mpiexec(2, "-c", textwrap.dedent(SERIALIZED))
-    assert run.returncode == 0, run.stdout + run.stderr
-    for rank in (0, 1):
-        assert (f"ringtree allreduce on rank {rank}: a second thread calls ringtree, but MPI was initialised with "
-                "MPI_THREAD_SERIALIZED") in run.stdout, run.stdout
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_threads_that_take_turns_on_one_communicator_in_the_same_order_on_every_rank_get_right_results(nranks):
+    # Each hand-over to another thread has its next 64 calls confirmed (runtime/one_caller.py), no more.
+    _every_rank_says(nranks, TAKING_TURNS, "0 wrong of 130; confirmed [0, 20, 64, 20]", "every rank")
 
 
-def _every_rank_says(nranks, script, words) -> None:
-    """Run `script` on `nranks` ranks; every rank's line of output reads "rank R: `words`"."""
-    run = run_mpiexec(nranks, "-c", textwrap.dedent(script), timeout=120)
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+def test_ranks_where_different_numbers_of_threads_call_on_a_communicator_are_told_so():
+    # Rank 0 hands its calls to other threads, rank 1 makes them itself: rank 0 then confirms each
+    # call's end (runtime/one_caller.py) and rank 1 would not, which both must hear of.
+    _every_rank_says(2, TAKING_TURNS, "ringtree allreduce on rank", "rank 0 only")
+    run = run_mpiexec(2, "-c", textwrap.dedent(TAKING_TURNS), "rank 0 only", timeout=120)
+    assert run.stdout.count("a call of another thread on it among the last calls: yes on rank 0; no on rank 1") == 2, \
+        run.stdout
+
+
+def _every_rank_says(nranks, script, words, *arguments) -> None:
+    """Run `script` with `arguments` on `nranks` ranks; every rank's line of output reads "rank R: `words`"."""
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(script), *arguments, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     for rank in range(nranks):
         assert f"rank {rank}: {words}" in run.stdout, run.stdout

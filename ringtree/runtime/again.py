@@ -46,7 +46,8 @@ class _Again:
     only the checks those arrays can fail (writability and dtype may change in place). A class with
     slots: its attributes are read faster than a NamedTuple's."""
 
-    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run", "call", "thread")
+    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run", "call", "thread",
+                 "handle")
 
     def __init__(self, sendbuf, op, algorithm, comm, state, dtype, inplace, native, run, call) -> None:
         self.sendbuf = sendbuf  # the caller's array (or IN_PLACE), held so that its id stays its own
@@ -54,6 +55,7 @@ class _Again:
         self.inplace, self.native, self.run = inplace, native, run  # run: the call, bound to the arrays
         self.call = call  # what a stall warning says of it (stalls.Call)
         self.thread = get_ident()  # only the thread that made it runs it: another must be noted (threads.py)
+        self.handle = (WORLD if comm is None else comm).handle  # the thread's mark while in it (threads.FIRST_IN)
 
 
 # By id(recvbuf). Holding the arrays keeps them alive, so only small ones, and a few.

@@ -142,11 +142,11 @@ class Watch:
             theirs = _keep(state, source, control.recv(source=source, tag=CALL))
             if theirs[3]:  # a rank found two threads in calls on this communicator at once
                 self.fail(f"rank {source} reports: {theirs[3]}")
-            if theirs[0] == seq and (theirs[1] != self.signature or theirs[2]):
+            if theirs[0] == seq and (theirs[1] != self.signature or theirs[2] or theirs[4] != bool(state.threads_bit)):
                 self.fail(f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else
                                                         "another signature for this call"))
         layout, comm, me = state.layout, state.comm, state.rank
-        mine = layout.tag(seq, self.signature.code)
+        mine = layout.tag(seq, self.signature.code ^ state.threads_bit)
         for source in range(state.size):
             if source == me or not comm.Iprobe(source, MPI.ANY_TAG, status):
                 continue
@@ -171,7 +171,8 @@ def _seen(source: int, tag: int, layout: TagLayout) -> str:
 
 
 def _keep(state, source: int, theirs: tuple) -> tuple:
-    """Keep a rank's signature (seq, Signature, raised, reason) for the message of an error in that call."""
+    """Keep a rank's signature (seq, Signature, raised, reason, threads bit set) for the message of an
+    error in that call."""
     reports = state.reports
     if theirs[0] not in reports:
         for old in [seq for seq in reports if seq < theirs[0] - 8]:
@@ -186,7 +187,8 @@ def _tell(state, seq: int, signature: Signature, raised: bool, reason: str = "")
     state.answers = [request for request in state.answers if not request.Test()]
     for rank in range(state.size):
         if rank != state.rank:
-            state.answers.append(state.control.isend((seq, signature, raised, reason), rank, CALL))
+            state.answers.append(state.control.isend((seq, signature, raised, reason, bool(state.threads_bit)), rank,
+                                                     CALL))
 
 
 def everywhere(state, seq: int, signature: Signature, why: str, reason: str = "") -> MismatchError:
@@ -245,6 +247,12 @@ def _message(state, seq: int, signature: Signature, why: str, reason: str, repor
             holders.setdefault(everyone[rank][k], []).append(rank)
         if len(holders) > 1:
             differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
+    shared = {state.rank: bool(state.threads_bit), **{rank: report[4] for rank, report in reports.items()
+                                                       if report[0] == seq}}
+    if len(set(shared.values())) > 1:
+        differences.append("a call of another thread on it among the last calls: " + "; ".join(
+            f"{'yes' if other else 'no'} on {ranks_text([r for r in sorted(shared) if shared[r] is other])}"
+            for other in (True, False)))
     silent = [rank for rank in range(state.size) if rank not in everyone]
     if silent:
         differences.append(f"no signature from {ranks_text(silent)} within {GATHER_SECONDS:g} s")

@@ -24,7 +24,7 @@ from . import stalls, timeline
 from .engine import IN_FLIGHT
 from .mismatch import TagLayout
 from .native import NativePlan, free_plan
-from .threads import THREADED
+from .threads import THREADED, thread_token
 
 _keyval: int | None = None
 # The last communicator used and its state, as one (comm, state) pair that a thread reads at once: a
@@ -82,11 +82,19 @@ class CommState:
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
         self.cycle, self.codes, self.mask = self.layout.calls, self.layout.codes, self.layout.codes - 1
         self.calls = 0
+        # For one_caller.py: a bit flipped in every signature code while its calls are confirmed, as
+        # calls after another thread's are; the thread that called last, and how many of its calls
+        # are still to be confirmed; whether its first call is still to be confirmed.
+        self.threads_bit = 0
+        self.caller, self.to_confirm = thread_token(), 0
+        self.unconfirmed = True
+        self.confirming: dict = {}  # thread -> the byte its confirmations allreduce, the same each time: repeated
         self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies and signatures in flight to other ranks
         self.raised: set = set()  # the ranks that raised MismatchError on it (mismatch.py)
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
-        self.reports: dict = {}  # {call number: {rank: its (seq, Signature, raised, reason)}}: other ranks' signatures
+        # {call number: {rank: its (seq, Signature, raised, reason, whether threads_bit is set)}}: others' signatures
+        self.reports: dict = {}
         self.tuner = None if current.tune == "off" else _tuner(self.comm, current)
         self.signatures = current.signatures
 
@@ -122,7 +130,7 @@ class CommState:
         the same order, so they agree on it if they agree on the call."""
         seq = self.calls
         self.calls = seq + 1
-        return (seq % self.cycle) * self.codes + (code & self.mask)  # TagLayout.tag, inlined: every call makes one
+        return (seq % self.cycle) * self.codes + ((code ^ self.threads_bit) & self.mask)  # TagLayout.tag, inlined
 
 
 def cache_identity(comm: MPI.Comm) -> dict:

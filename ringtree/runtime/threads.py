@@ -11,12 +11,26 @@ import threading
 
 from mpi4py import MPI
 
-__all__ = ["THREADED", "enter_call", "leave_call", "note_thread"]
+__all__ = ["FIRST_IN", "THREADED", "enter_call", "leave_call", "note_thread", "thread_token"]
 
 get_ident = threading.get_ident
 THREADED = [None, False]  # [the first calling thread's ident, whether another thread has called since]
+# While only the first thread has called: [the handle of the communicator it is in a call on, or None;
+# a thread that called on that communicator meanwhile, or None]
+FIRST_IN: list = [None, None]
+_TOKENS = threading.local()
 _LEVELS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
            MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+
+
+def thread_token() -> object:
+    """An object of the calling thread's own: unlike its ident, which a thread started after it ends
+    may get, never another thread's while it is held."""
+    try:
+        return _TOKENS.token
+    except AttributeError:
+        token = _TOKENS.token = object()
+        return token
 
 
 def note_thread(comm: MPI.Comm) -> bool:
