@@ -21,7 +21,7 @@ from .threads import FIRST_IN, THREADED, enter_call, get_ident, leave_call, note
 __all__ = ["THREADS_BIT", "first_caller", "intruded", "one_caller", "second_thread"]
 
 THREADS_BIT = 1 << 3  # of a signature's code: within the 7 bits that the smallest TAG_UB leaves
-SWITCH_WINDOW = 64  # calls on a communicator from one of another thread than the call before that are confirmed
+SWITCH_WINDOW = 64  # calls confirmed from each call on a communicator by another thread than the call before
 
 
 def first_caller(comm, run, *arguments, confirm=None):
