@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import time
 import zlib
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
 from .mismatch import CALL, ranks_text
-from .stalls import slot
+from .stalls import watched
 
 PING, PRESENT = 1, 2  # tags on the control communicator (mismatch.py's CALL is 3)
 # How long a timed-out rank listens for the others' answers, and how often a waiting rank looks for questions.
@@ -61,13 +62,9 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
     mine, low = record[:10], record[10:]
     count, dtype, op, algorithm = call
     if timeout is None and blocking:
-        waiting = slot()
-        waiting[0] = (f"allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
-                      f"{op}, algorithm {algorithm}), in check mode's comparison of the ranks' arguments")
-        try:
-            state.comm.Allreduce(mine, low, MPI.MIN)
-        finally:
-            waiting[0] = None
+        watched(partial(state.comm.Allreduce, mine, low, MPI.MIN),
+                f"allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
+                f"{op}, algorithm {algorithm}), in check mode's comparison of the ranks' arguments")
     else:
         try:
             ringtree_allreduce(mine, low, timeout)

@@ -171,15 +171,12 @@ def _free(comm, keyval, state) -> int:
 
 def _wait(*requests, timeout, rank, name) -> None:
     if timeout is None:
-        waiting = stalls.slot()
-        waiting[0] = f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}"
-        try:
+        def wait() -> None:
             if not THREADED[1]:
                 MPI.Request.Waitall(requests)
-                return
-            IN_FLIGHT.progress_until(lambda: MPI.Request.Testall(requests))  # other threads' collectives move meanwhile
-        finally:
-            waiting[0] = None
+            else:  # other threads' collectives move meanwhile
+                IN_FLIGHT.progress_until(lambda: MPI.Request.Testall(requests))
+        stalls.watched(wait, f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}")
         return
     deadline = time.perf_counter() + timeout
     while not MPI.Request.Testall(requests):
