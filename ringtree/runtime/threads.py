@@ -16,7 +16,7 @@ __all__ = ["FIRST_IN", "THREADED", "enter_call", "leave_call", "note_thread", "t
 get_ident = threading.get_ident
 THREADED = [None, False]  # [the first calling thread's ident, whether another thread has called since]
 # While only the first thread has called: [the handle of the communicator it is in a call on, or None;
-# a thread that called on that communicator meanwhile, or None]
+# that communicator once another thread has called on it meanwhile, or None]
 FIRST_IN: list = [None, None]
 _TOKENS = threading.local()
 _LEVELS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
