@@ -37,10 +37,7 @@ def first_caller(comm, run, *arguments, confirm=None):
         else:
             result = run(*arguments)
             if outer is None and confirm is not None and FIRST_IN[1] is None:
-                state = _state(communicator)
-                if state is not None and state.unconfirmed and state.signatures:
-                    state.unconfirmed = False
-                    confirm(comm)
+                _confirm_if_due(comm, communicator, None, confirm)
     finally:
         FIRST_IN[0] = outer
     intruded()
@@ -69,25 +66,32 @@ def one_caller(comm, run, *arguments, confirm=None):
         FIRST_IN[1] = communicator
         second_thread(comm, THREADED[0])
     inside = enter_call(comm, second_thread)
+    outermost = inside is not None and inside[1] == 1  # not a call of ringtree's own within one
     try:
         state = _state(communicator)
-        if state is not None and inside is not None and inside[1] == 1:  # not a call of ringtree's own within
+        if state is not None and outermost:
             token = thread_token()
             if state.caller is not token:
                 state.caller, state.to_confirm = token, SWITCH_WINDOW
             state.threads_bit = THREADS_BIT if state.to_confirm else 0
             state.to_confirm -= state.to_confirm > 0
         result = run(*arguments)
-        if confirm is not None and inside is not None and inside[1] == 1 and inside[2] is None:
-            state = state or _state(communicator)
-            if state is not None and (state.threads_bit or state.unconfirmed) and state.signatures:
-                state.unconfirmed = False
-                confirm(comm)
+        if confirm is not None and outermost and inside[2] is None:
+            _confirm_if_due(comm, communicator, state, confirm)
     finally:
         other = leave_call(inside)
     if other is not None:
         second_thread(comm, other)
     return result
+
+
+def _confirm_if_due(comm, communicator, state, confirm) -> None:
+    """End a call with every rank's confirmation where one is due: the communicator's first call, and
+    those whose threads_bit is set (the module's docstring)."""
+    state = state or _state(communicator)
+    if state is not None and (state.threads_bit or state.unconfirmed) and state.signatures:
+        state.unconfirmed = False
+        confirm(comm)
 
 
 def _state(communicator):
