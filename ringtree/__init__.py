@@ -6,7 +6,10 @@
 
 The package, from the public face inward (docs/design.md draws it):
 
-allreduce, communicator, buckets, errors, ops   the public API, and the reduction ops it takes
+allreduce, persistent, communicator, buckets   the public API
+errors, ops                                     its errors; the reduction ops and the dtypes each takes
+buffers, tensors                                what mpi4py takes as a buffer (torch tensors too), as arrays
+torch                                           DDP comm hooks (the one module that imports torch)
 settings, debug                                 every RINGTREE_* variable; RINGTREE_DEBUG's log
 schedule/     the IR, its builder and the passes (no MPI, no numpy)
 algorithms/   the schedule generators (no MPI, no numpy)
@@ -21,8 +24,9 @@ from .allreduce import Request, iallreduce
 from .buckets import GradientBucketer
 from .communicator import Communicator
 from .errors import MismatchError, PeerFailure, TimeoutError
+from .persistent import PersistentRequest, allreduce_init
 from .settings import SettingError
 from .version import __version__
 
-__all__ = ["allreduce", "iallreduce", "Request", "Communicator", "GradientBucketer", "MismatchError", "PeerFailure",
-           "TimeoutError", "SettingError", "__version__"]
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "Request", "PersistentRequest", "Communicator",
+           "GradientBucketer", "MismatchError", "PeerFailure", "TimeoutError", "SettingError", "__version__"]

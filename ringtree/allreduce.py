@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import settings
+from .buffers import converted_call, is_plain_call
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
 from .ops import ReduceOp, known_op, parse_op
@@ -103,6 +104,13 @@ def _watched_again(again, recvbuf):
 
 def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     """allreduce past its fastest path."""
+    if not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None):
+        return converted_call(_reduce, None, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    return _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+
+
+def _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
+    """allreduce of plain arrays."""
     trial = None
     repeat = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if repeat is not None:
@@ -147,6 +155,12 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
 
 
 def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> Request:
+    if not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None):
+        return converted_call(None, _istart_plain, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    return _istart_plain(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+
+
+def _istart_plain(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> Request:
     repeat = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, False)
     if repeat is not None:
         call, state, _, source, target, inplace = repeat

@@ -59,7 +59,7 @@ def parse_op(op) -> ReduceOp:
         try:
             return _BY_HANDLE[op.handle]
         except KeyError:
-            raise ValueError(f"unsupported MPI.Op {op!r}: ringtree supports "
+            raise ValueError(f"unsupported op {op_name(op)}: ringtree reduces with "
                              "SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR") from None
     if isinstance(op, str):
         try:
@@ -71,6 +71,15 @@ def parse_op(op) -> ReduceOp:
     raise TypeError(f"op must be an MPI.Op or a string, got {type(op).__name__}")
 
 
+_OP_NAMES = {getattr(MPI, name).handle: f"MPI.{name}" for name in dir(MPI)
+             if isinstance(getattr(MPI, name), MPI.Op) and getattr(MPI, name) != MPI.OP_NULL}
+
+
+def op_name(op: MPI.Op) -> str:
+    """An MPI.Op as a user wrote it: MPI.MAXLOC, or "a user-defined MPI.Op"."""
+    return _OP_NAMES.get(op.handle, "a user-defined MPI.Op")
+
+
 def known_op(op) -> ReduceOp | None:
     """parse_op's answer for MPI's predefined ops, ReduceOp members and names (objects that stay the
     same for the whole run, so callers may cache by them); None for anything else."""
@@ -80,13 +89,19 @@ def known_op(op) -> ReduceOp | None:
     return known
 
 
+def kind_of(dtype: np.dtype) -> str:
+    """numpy's kind of `dtype`, with bfloat16 (ml_dtypes', kind "V" to numpy) a floating dtype."""
+    return "f" if dtype.kind == "V" and dtype.name == "bfloat16" else dtype.kind
+
+
 def check_dtype(dtype: np.dtype, op: ReduceOp) -> None:
     """Raise TypeError unless `op` is defined on `dtype`."""
     if (dtype, op) in _ALLOWED:
         return
-    if dtype.kind not in _KIND_NAMES:
+    kind = kind_of(dtype)
+    if kind not in _KIND_NAMES:
         raise TypeError(f"dtype {dtype} cannot be reduced: ringtree reduces bool and numeric dtypes")
-    if dtype.kind not in _KINDS[op]:
+    if kind not in _KINDS[op]:
         allowed = ", ".join(_KIND_NAMES[k] for k in _KINDS[op])
         raise TypeError(f"op {op.value} is not defined for dtype {dtype}; it takes {allowed} dtypes")
     _ALLOWED.add((dtype, op))

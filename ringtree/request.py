@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mpi4py import MPI
+
 from .runtime.engine import Execution
 from .runtime.native import NativeInFlight
 from .runtime.threads import note_thread
@@ -38,9 +40,21 @@ class Request:
         then()
 
     # mpi4py's spelling, for code written against MPI.Request.
-    def Test(self) -> bool:
-        return self.test()
+    def Test(self, status: MPI.Status | None = None) -> bool:
+        done = self.test()
+        if done and status is not None:
+            _empty(status)
+        return done
 
-    def Wait(self) -> bool:
+    def Wait(self, status: MPI.Status | None = None) -> bool:
         self.wait()
+        if status is not None:
+            _empty(status)
         return True
+
+
+def _empty(status: MPI.Status) -> None:
+    """The status of a completed collective: MPI's empty status (the MPI standard, 3.7.3)."""
+    status.source, status.tag, status.error = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.SUCCESS
+    status.Set_elements(MPI.BYTE, 0)
+    status.Set_cancelled(False)

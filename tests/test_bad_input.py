@@ -17,18 +17,13 @@ def _read_only(array):
     return array
 
 
-def _user_op():
-    return MPI.Op.Create(lambda a, b, t: None, commute=True)
-
-
 # (id, sendbuf, recvbuf, keyword arguments, exception, words the message must contain)
 CASES = [
-    ("non-contiguous sendbuf", lambda: np.arange(10.0)[::2], None, {}, ValueError, "sendbuf is not C-contiguous"),
+    ("non-contiguous sendbuf", lambda: np.arange(10.0)[::2], None, {}, ValueError, "sendbuf is not contiguous"),
     ("non-contiguous recvbuf", lambda: np.arange(5.0), lambda: np.zeros(10)[::2], {}, ValueError,
-     "recvbuf is not C-contiguous"),
-    ("Fortran-ordered sendbuf", lambda: np.asfortranarray(np.ones((3, 4))), None, {}, ValueError, "C-contiguous"),
-    ("shapes differ", lambda: np.ones(6), lambda: np.zeros(7), {}, ValueError, "shape (6,) but recvbuf has shape (7,)"),
-    ("same size, other shape", lambda: np.ones((2, 3)), lambda: np.zeros(6), {}, ValueError, "shape"),
+     "recvbuf is not contiguous"),
+    ("neither C- nor Fortran-ordered", lambda: np.ones((3, 4))[:, :2], None, {}, ValueError, "not contiguous"),
+    ("sizes differ", lambda: np.ones(6), lambda: np.zeros(7), {}, ValueError, "sendbuf has 6 elements but recvbuf has 7"),
     ("dtypes differ", lambda: np.ones(4, np.float32), lambda: np.zeros(4, np.float64), {}, TypeError,
      "dtype float32 but recvbuf has dtype float64"),
     ("read-only recvbuf", lambda: np.ones(4), lambda: _read_only(np.zeros(4)), {}, ValueError, "recvbuf is read-only"),
@@ -44,7 +39,6 @@ CASES = [
     ("SUM on bool", lambda: np.ones(4, bool), None, {"op": MPI.SUM}, TypeError, "sum is not defined for dtype bool"),
     ("LAND on floats", lambda: np.ones(4), None, {"op": MPI.LAND}, TypeError, "land is not defined"),
     ("unknown op string", lambda: np.ones(4), None, {"op": "mean"}, ValueError, "unknown op 'mean'"),
-    ("user-defined MPI op", lambda: np.ones(4), None, {"op": "user"}, ValueError, "unsupported MPI.Op"),
     ("op of the wrong type", lambda: np.ones(4), None, {"op": 3}, TypeError, "op must be an MPI.Op or a string"),
     ("unknown algorithm", lambda: np.ones(4), None, {"algorithm": "butterfly"}, ValueError,
      "unknown algorithm 'butterfly'"),
@@ -52,7 +46,7 @@ CASES = [
      "segment must be a positive number of bytes"),
     ("segment that is not a number", lambda: np.ones(4), None, {"segment": "1M"}, ValueError,
      "segment must be a positive number of bytes, got '1M'"),
-    ("a list instead of an array", lambda: [1.0, 2.0], None, {}, TypeError, "sendbuf must be a numpy or CuPy array, got list"),
+    ("a list instead of an array", lambda: [1.0, 2.0], None, {}, TypeError, "got a list whose first item is a float"),
     ("overlapping buffers", "overlap", None, {}, ValueError, "overlap"),
 ]
 
@@ -80,8 +74,6 @@ def test_bad_input_raises_before_any_message(comm, function, name, make_send, ma
     calls_before = state.calls
     sendbuf, recvbuf = _arguments(make_send, make_recv)
     before = _snapshot(sendbuf, recvbuf)
-    if kwargs.get("op") == "user":
-        kwargs = {**kwargs, "op": _user_op()}
     call = allreduce if function == "allreduce" else iallreduce
     failures = []
     with pytest.raises(error) as caught:
@@ -147,12 +139,11 @@ def test_a_bad_communicator_raises(comm):
 
 COMMUNICATOR_CASES = [
     ("counts differ", lambda: (np.ones(4), np.zeros(5)), ValueError, "sendbuf has 4 elements but recvbuf has 5"),
-    ("derived datatype", lambda: ([np.ones(4), MPI.DOUBLE.Create_contiguous(2)], np.zeros(4)), TypeError,
-     "unsupported datatype"),
+    ("an unknown typecode", lambda: ([np.ones(4), "x"], np.zeros(4)), TypeError, "unsupported datatype 'x'"),
     ("too many spec items", lambda: ([np.ones(4), 4, 0, MPI.DOUBLE, 1], np.zeros(4)), TypeError, "2 to 4 items"),
     ("count beyond the buffer", lambda: ([np.ones(4), 5, MPI.DOUBLE], np.zeros(5)), ValueError, "does not fit"),
     ("read-only bytes as recvbuf", lambda: (np.ones(1), bytes(8)), ValueError, "recvbuf is read-only"),
-    ("not a buffer", lambda: (np.ones(1), 3.0), TypeError, "expected a buffer or an array, got float"),
+    ("not a buffer", lambda: (np.ones(1), 3.0), TypeError, "expected a buffer, an array or a buffer specification"),
 ]
 
 

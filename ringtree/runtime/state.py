@@ -59,9 +59,11 @@ class CommState:
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the CallPlan (or NativePlan) allreduce built on the first call
-        # Nonblocking, so that a rank that never comes is a timeout, not a hang.
-        self.comm, dup = comm.Idup()
-        self.control, control_dup = comm.Idup()  # for timeouts: who is still here is asked on this one
+        # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
+        # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's).
+        plain = MPI.Intracomm(comm)
+        self.comm, dup = plain.Idup()
+        self.control, control_dup = plain.Idup()  # for timeouts: who is still here is asked on this one
         _wait(dup, control_dup, timeout=timeout, rank=self.rank, name=name)
         digest = np.frombuffer(hashlib.sha256(mine.encode()).digest(), np.uint8)
         digests = np.empty((self.size, digest.size), np.uint8)

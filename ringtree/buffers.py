@@ -1,0 +1,272 @@
+"""What mpi4py takes as a buffer, as the array ringtree reduces, by mpi4py's own rules (its msgbuffer.pxi):
+`None` and `MPI.IN_PLACE`, arrays, the buffer protocol, DLPack, the CUDA array interface, torch
+tensors, and buffer specifications of any of these with a count, a displacement and a datatype.
+
+A C- or Fortran-contiguous buffer becomes a 1-D view of its memory, in memory order, as MPI sees it:
+the result lands in the caller's own memory. Nothing here copies data or sends a message.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+from . import tensors
+from .debug import configure_debug_logging, log
+from .ops import op_name, parse_op
+from .request import Request
+from .runtime.backend import backend_for
+from .runtime.engine import IN_FLIGHT, progress_others
+from .tensors import is_tensor
+
+__all__ = ["Converted", "converted", "converted_call", "PassedThrough", "as_array", "is_plain_call", "passes_through"]
+
+
+class Converted(NamedTuple):
+    """A call's buffers as ringtree's arrays, and what the call returns."""
+
+    send: object  # an array, or MPI.IN_PLACE
+    recv: object  # an array, or None for a new one
+    result: object  # what allreduce returns: the caller's recvbuf, a new tensor, or None (the new array)
+    context: object  # entered around the call: a CUDA tensor's is torch's current stream
+
+
+def is_plain_call(sendbuf, recvbuf) -> bool:
+    """Whether the buffers are already what allreduce's checks take: C-contiguous numpy or CuPy arrays
+    (or IN_PLACE, None) and nothing to convert."""
+    return ((sendbuf is MPI.IN_PLACE or _plain(sendbuf)) and (recvbuf is None or _plain(recvbuf)))
+
+
+def _plain(buf) -> bool:
+    if type(buf) is np.ndarray:
+        return buf.flags.c_contiguous
+    return type(buf).__module__.split(".")[0] == "cupy"  # CuPy's own checks and messages apply
+
+
+def converted(sendbuf, recvbuf) -> Converted:
+    """The call's buffers as arrays; `None` for sendbuf is MPI.IN_PLACE, as in mpi4py. Raises
+    TypeError or ValueError (without the rank: the caller adds it)."""
+    if sendbuf is None:
+        sendbuf = MPI.IN_PLACE
+    recv = None if recvbuf is None else as_array(recvbuf, "recvbuf", writable=True)
+    send = MPI.IN_PLACE if sendbuf is MPI.IN_PLACE else as_array(sendbuf, "sendbuf", writable=False)
+    if send is not MPI.IN_PLACE and recv is not None:
+        if send.size != recv.size:
+            raise ValueError(f"sendbuf has {send.size} elements but recvbuf has {recv.size}")
+        if send.dtype != recv.dtype:
+            raise TypeError(f"sendbuf has dtype {send.dtype} but recvbuf has dtype {recv.dtype}")
+    result, context = recvbuf, nullcontext()
+    given = _buffer_of(recvbuf if recvbuf is not None else sendbuf)
+    if is_tensor(given):
+        context = tensors.stream_of(given)
+    if recvbuf is None and send is not MPI.IN_PLACE and not isinstance(sendbuf, (list, tuple)):
+        # The result has the type, shape and order it was given.
+        if is_tensor(given):
+            result = tensors.new_like(given)
+            recv = _flat(tensors.as_array(result, "recvbuf"), "recvbuf")
+        elif isinstance(given, np.ndarray):
+            result = np.empty_like(given, subok=False)
+            recv = _flat(result, "recvbuf")
+    return Converted(send, recv, result, context)
+
+
+def converted_call(run, start, sendbuf, recvbuf, op, comm, *arguments):
+    """allreduce (`run`, of plain arrays) or iallreduce (`start`: one of them is None) of buffers
+    that are not plain arrays, or that only MPI's own allreduce can reduce."""
+    blocking = start is None
+    comm = MPI.COMM_WORLD if comm is None else comm
+    try:
+        why = passes_through(op, sendbuf, recvbuf)
+        call = converted(sendbuf, recvbuf) if why is None or recvbuf is None else None
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
+    if why is not None:
+        if call is not None and call.send is MPI.IN_PLACE:
+            raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: sendbuf is MPI.IN_PLACE, so recvbuf "
+                             "must hold the input, but it is None")
+        result = recvbuf if call is None else call.result if call.result is not None else np.empty_like(call.send)
+        through = PassedThrough(comm, sendbuf, result if call is None or call.recv is None else call.recv, op, why)
+        if blocking:
+            through.wait()
+            return result
+        return Request(through, result)
+    with call.context:
+        if blocking:
+            result = run(call.send, call.recv, op, comm, *arguments)
+            return result if call.result is None else call.result
+        request = start(call.send, call.recv, op, comm, *arguments)
+    if call.result is not None:
+        request._result = call.result
+    return request
+
+
+def _buffer_of(spec):
+    return spec[0] if isinstance(spec, (list, tuple)) else spec
+
+
+def as_array(spec, name: str, *, writable: bool):
+    """A 1-D numpy or CuPy view of the memory a buffer specification names (or, for a CuPy array, the
+    array itself). Specifications: `buf`, `[buf, datatype]`, `[buf, count]`, `[buf, count, datatype]`,
+    `[buf, (count, displ), datatype]`, `[buf, count, displ, datatype]`, as lists or tuples, where
+    datatype is a predefined MPI.Datatype or one of mpi4py's typecodes."""
+    count = displ = datatype = None
+    if isinstance(spec, (list, tuple)):
+        if not 2 <= len(spec) <= 4:
+            raise TypeError(f"{name}: a buffer specification has 2 to 4 items, got {len(spec)}")
+        buf, *rest = spec
+        if rest and (isinstance(rest[-1], (str, MPI.Datatype))):
+            datatype = rest.pop()
+        if len(rest) == 2:
+            count, displ = rest
+        elif rest:
+            count, displ = rest[0] if isinstance(rest[0], tuple) else (rest[0], None)
+    else:
+        buf = spec
+    try:
+        array = _memory(buf, name, writable)
+    except TypeError:
+        if buf is spec:
+            raise
+        raise TypeError(f"{name}: expected a buffer, an array or a buffer specification [buf, ...], got a "
+                        f"{type(spec).__name__} whose first item is a {type(buf).__name__}") from None
+    if type(array).__module__.split(".")[0] == "cupy" and datatype is count is displ is None:
+        return array
+    if datatype is not None:
+        dtype = numpy_dtype(datatype)
+        if dtype != array.dtype:
+            if array.nbytes % dtype.itemsize:
+                raise ValueError(f"{name}: {array.nbytes} bytes is not a whole number of {datatype_name(datatype)}")
+            array = array.view(np.uint8).view(dtype)
+    displ = 0 if displ is None else displ
+    count = array.size - displ if count is None else count
+    if displ < 0 or count < 0 or displ + count > array.size:
+        raise ValueError(f"{name}: count {count} at displacement {displ} does not fit a buffer of {array.size} "
+                         "elements")
+    return array[displ:displ + count]
+
+
+def _memory(buf, name: str, writable: bool):
+    """`buf`'s memory as a 1-D array in memory order (a CuPy array stays as it is)."""
+    if buf is MPI.IN_PLACE or buf is MPI.BOTTOM:  # both export an empty buffer
+        raise TypeError(f"{name} cannot be MPI.{'IN_PLACE' if buf is MPI.IN_PLACE else 'BOTTOM'}"
+                        + (" (only sendbuf can)" if buf is MPI.IN_PLACE else ""))
+    if isinstance(buf, np.ndarray):
+        return _flat(buf, name)
+    backend = backend_for(buf)
+    if backend is not None:  # CuPy's arrays: allreduce checks them
+        return buf
+    if is_tensor(buf):
+        return _flat(tensors.as_array(buf, name), name)
+    if hasattr(buf, "__dlpack__") and hasattr(buf, "__dlpack_device__"):
+        device, _ = buf.__dlpack_device__()
+        if device == 1:  # kDLCPU
+            return _flat(np.from_dlpack(buf), name)
+        return _cupy(name, type(buf)).from_dlpack(buf)
+    if hasattr(buf, "__cuda_array_interface__"):
+        return _cupy(name, type(buf)).asarray(buf)
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise TypeError(f"{name}: expected a buffer, an array or a buffer specification, "
+                        f"got {type(buf).__name__}") from None
+    if not (view.c_contiguous or view.f_contiguous):
+        raise ValueError(f"{name}: the buffer is not contiguous")
+    if writable and view.readonly:
+        raise ValueError(f"{name} is read-only")
+    try:
+        array = np.asarray(view)
+    except (TypeError, ValueError):
+        array = np.frombuffer(view.cast("B"), np.uint8)  # a format numpy cannot read: a datatype must say
+    return _flat(array, name)
+
+
+def _flat(array: np.ndarray, name: str) -> np.ndarray:
+    if array.flags.c_contiguous:
+        return array.reshape(-1)
+    if array.flags.f_contiguous:
+        return array.T.reshape(-1)  # the transpose of a Fortran-ordered array is C-ordered: a view
+    raise ValueError(f"{name} is not contiguous in C or Fortran order (strides {array.strides} for shape "
+                     f"{array.shape}); pass a contiguous copy, e.g. numpy.ascontiguousarray")
+
+
+def _cupy(name: str, kind: type):
+    try:
+        import cupy
+    except ImportError:
+        raise TypeError(f"{name} is a {kind.__name__} in device memory, which needs CuPy") from None
+    return cupy
+
+
+def numpy_dtype(datatype) -> np.dtype:
+    """The numpy dtype of a predefined MPI datatype or an mpi4py typecode."""
+    unsupported = TypeError(f"unsupported datatype {datatype_name(datatype)}: ringtree reduces predefined MPI "
+                            "datatypes of numbers and mpi4py's typecodes")
+    if isinstance(datatype, str):
+        datatype = MPI._typedict.get(datatype, datatype)  # mpi4py's typecodes: 'i', 'f8', 'Zd', ...
+        if isinstance(datatype, str):
+            raise unsupported
+    if not datatype.is_predefined:
+        raise unsupported
+    try:
+        dtype = dtlib.to_numpy_dtype(datatype)
+    except (TypeError, ValueError, KeyError):
+        raise unsupported from None
+    if dtype.fields or dtype.subdtype:
+        raise unsupported
+    return dtype
+
+
+def datatype_name(datatype) -> str:
+    if isinstance(datatype, MPI.Datatype):
+        return datatype.Get_name() or "a derived datatype"
+    return repr(datatype)
+
+
+# MPI's ops that no allreduce takes: parse_op's error, not MPI's.
+NOT_FOR_ALLREDUCE = (MPI.OP_NULL, MPI.REPLACE, MPI.NO_OP)
+
+
+def passes_through(op, *specs) -> str | None:
+    """Why MPI's own collective, not ringtree, must reduce a call (None: ringtree can): an op that
+    ringtree does not compute (user-defined, MAXLOC, MINLOC, ...), or a datatype that is not a number."""
+    if isinstance(op, MPI.Op) and op not in NOT_FOR_ALLREDUCE:
+        try:
+            parse_op(op)
+        except ValueError:
+            return f"op {op_name(op)}"
+    for spec in specs:
+        if isinstance(spec, (list, tuple)) and spec and isinstance(spec[-1], MPI.Datatype):
+            try:
+                numpy_dtype(spec[-1])
+            except TypeError:
+                return f"datatype {datatype_name(spec[-1])}"
+    return None
+
+
+class PassedThrough:
+    """MPI's own Iallreduce of a call that ringtree does not reduce (`passes_through`), on the caller's
+    buffers as given; its waits progress ringtree's collectives in flight, as native calls' do."""
+
+    __slots__ = ("comm", "request", "done")
+
+    def __init__(self, comm: MPI.Intracomm, sendbuf, recvbuf, op, why: str) -> None:
+        configure_debug_logging(MPI.COMM_WORLD.Get_rank())
+        log.info("allreduce passed through to MPI's own: ringtree does not reduce %s", why)
+        self.comm, self.done = comm, False
+        start = MPI.Intracomm.Iallreduce  # mpi4py's own, also on a ringtree.Communicator
+        self.request = start(comm, MPI.IN_PLACE if sendbuf is None else sendbuf, recvbuf, op)
+
+    def test(self) -> bool:
+        if not self.done:
+            progress_others()
+            self.done = self.request.Test()
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            IN_FLIGHT.progress_until(self.request.Test)
+            self.done = True

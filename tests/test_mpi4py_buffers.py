@@ -1,0 +1,199 @@
+"""ringtree.Communicator on every buffer mpi4py's own Allreduce tests make on the host (its
+test_cco_buf.py and arrayimpl.py): array.array, numpy (C and Fortran order), objects exporting only
+DLPack or only the buffer protocol, buffer specifications with typecodes and datatypes; every
+typecode x SUM, PROD, MAX, MIN; out of place, None, IN_PLACE and the same buffer twice; blocking,
+nonblocking and persistent. Each result against MPI's own Allreduce of the same inputs, exactly."""
+
+import array
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringtree
+from conftest import assert_everywhere, same_on_all_ranks
+from ringtree.runtime.native import reduces
+
+pytestmark = pytest.mark.mpi
+
+OPS = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MAX": MPI.MAX, "MIN": MPI.MIN}
+ARRAY_TYPECODES = "bBhHiIlLqQfd"  # what array.array holds
+NUMPY_TYPECODES = ARRAY_TYPECODES + "egFDG"  # float16, long double, complex
+COUNT = 12
+
+
+class DLPackOnly:
+    """An object that exports DLPack and nothing else, as mpi4py's tests' dlpackimpl."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def _inputs(name, typecode, rank, size):
+    """Small integers, so that every order of the reduction gives the same values; a PROD of ones
+    and one 2 per element."""
+    if name == "PROD":
+        values = np.ones(COUNT, np.int64)
+        values[np.arange(COUNT) % size == rank] = 2
+    else:
+        values = (np.arange(COUNT) * (rank + 1) + rank) % 7 - (0 if typecode in "BHILQ" else 3)
+    return np.array(values, np.dtype(typecode))
+
+
+def _kinds(typecode):
+    """(kind, make a buffer of it from a numpy array of values)."""
+    kinds = [
+        ("numpy", lambda a: a),
+        ("numpy, Fortran order", lambda a: np.asfortranarray(a.reshape(3, 4))),
+        ("buffer protocol only", memoryview),
+        ("[buf, datatype]", lambda a: [a, MPI.Datatype.fromcode(typecode)]),
+        ("[bytes, count, typecode]", lambda a: [a.view(np.uint8), COUNT, typecode]),
+        ("(buf, (count, displ), typecode)", lambda a: (a, (COUNT, 0), typecode)),
+    ]
+    if typecode not in "gG":  # DLPack has no long double
+        kinds.append(("DLPack only", DLPackOnly))
+    if typecode in ARRAY_TYPECODES:
+        kinds.append(("array.array", lambda a: array.array(typecode, a.tolist())))
+    return kinds
+
+
+def _values(buf, dtype):
+    """The values a buffer holds in memory order, as numpy."""
+    if isinstance(buf, (list, tuple)):
+        buf = buf[0]
+    if isinstance(buf, DLPackOnly):
+        buf = buf._array
+    return np.asarray(buf).ravel(order="K").view(dtype)
+
+
+def _expected(comm, send, op, typecode):
+    if reduces(send.dtype, ringtree.ops.parse_op(op)):
+        out = np.empty_like(send)
+        comm.Allreduce(send, out, op)
+        return out
+    everyone = np.array(comm.allgather(send))  # float16: MPI has no reduction of it
+    reduce = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[ringtree.ops.parse_op(op).value]
+    return reduce.reduce(everyone, axis=0).astype(send.dtype)
+
+
+def _calls(rt, sendbuf, recvbuf, op, how):
+    """One call of the kind `how`, as a user of mpi4py's methods writes it."""
+    if how == "blocking":
+        rt.Allreduce(sendbuf, recvbuf, op)
+    elif how == "nonblocking":
+        request = rt.Iallreduce(sendbuf, recvbuf, op)
+        request.Wait(MPI.Status())
+    else:
+        request = rt.Allreduce_init(sendbuf, recvbuf, op)
+        request.Start()
+        request.Wait()
+        request.Free()
+
+
+@pytest.mark.parametrize("typecode", NUMPY_TYPECODES)
+@pytest.mark.parametrize("how", ["blocking", "nonblocking", "persistent"])
+def test_every_kind_of_buffer_typecode_and_op_gives_mpis_result(comm, typecode, how):
+    rt = ringtree.Communicator(comm)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failures = []
+    for name, op in OPS.items():
+        if np.dtype(typecode).kind == "c" and name in ("MAX", "MIN"):
+            continue  # not defined on complex numbers, in MPI as in ringtree
+        send = _inputs(name, typecode, rank, size)
+        expected = _expected(comm, send, op, typecode)
+        for kind, make in _kinds(typecode):
+            want = _values(make(expected.copy()), send.dtype)
+            for mode in ("out of place", "None", "IN_PLACE", "the same buffer twice"):
+                sendbuf = make(send.copy())
+                recvbuf = make(np.zeros_like(send)) if mode == "out of place" else sendbuf
+                if mode == "None":
+                    sendbuf = None
+                elif mode == "IN_PLACE":
+                    sendbuf = MPI.IN_PLACE
+                _calls(rt, sendbuf, recvbuf, op, how)
+                got = _values(recvbuf, send.dtype)
+                if not np.array_equal(got, want) or not same_on_all_ranks(comm, got):
+                    failures.append(f"{kind}, {name}, {mode}: got {got[:4]}..., MPI gives {want[:4]}...")
+    assert_everywhere(comm, failures)
+
+
+def test_what_ringtree_does_not_reduce_goes_to_mpis_own_allreduce(comm):
+    """A user-defined op and MAXLOC (with its pair datatype) give MPI's own results."""
+    rt = ringtree.Communicator(comm)
+    rank = comm.Get_rank()
+    bigger = MPI.Op.Create(lambda a, b, t: np.maximum(np.frombuffer(a, np.float64), np.frombuffer(b, np.float64),
+                                                      out=np.frombuffer(b, np.float64)), commute=True)
+    failures = []
+    try:
+        data = np.arange(5, dtype=np.float64) * (rank + 1)
+        out = np.zeros(5)
+        rt.Allreduce(data, out, bigger)
+        if not np.array_equal(out, np.arange(5) * comm.Get_size()):
+            failures.append(f"user op: {out}")
+        request = rt.Iallreduce(data, out, bigger)
+        request.Wait()
+        persistent = rt.Allreduce_init(data, out, bigger)
+        persistent.Start()
+        persistent.Wait()
+        persistent.Free()
+        if not np.array_equal(out, np.arange(5) * comm.Get_size()):
+            failures.append(f"user op, nonblocking and persistent: {out}")
+        if not np.array_equal(ringtree.allreduce(data, op=bigger, comm=comm), out):
+            failures.append("user op through the functional API")
+    finally:
+        bigger.Free()
+    pairs = np.array([(float(rank % 2), rank)], dtype=np.dtype([("value", "f8"), ("rank", "i4")], align=True))
+    native, ours = np.empty_like(pairs), np.empty_like(pairs)
+    comm.Allreduce([pairs, MPI.DOUBLE_INT], [native, MPI.DOUBLE_INT], MPI.MAXLOC)
+    rt.Allreduce([pairs, MPI.DOUBLE_INT], [ours, MPI.DOUBLE_INT], MPI.MAXLOC)
+    if ours["value"] != native["value"] or ours["rank"] != native["rank"]:  # the fields: not the padding
+        failures.append(f"MAXLOC: {ours}, MPI gives {native}")
+    assert_everywhere(comm, failures)
+
+
+def test_communicator_is_an_mpi_intracomm_and_what_it_makes_is_wrapped(comm):
+    rt = ringtree.Communicator(comm, timeout=30)
+    made = {"Dup": rt.Dup(), "Clone": rt.Clone(), "Split": rt.Split(0, comm.Get_rank()),
+            "Create": rt.Create(comm.Get_group()), "Create_group": rt.Create_group(comm.Get_group()),
+            "Split_type": rt.Split_type(MPI.COMM_TYPE_SHARED)}
+    failures = [] if isinstance(rt, MPI.Intracomm) and rt == comm else ["not an MPI.Intracomm of comm"]
+    for name, new in made.items():
+        if type(new) is not ringtree.Communicator or new.timeout != 30:
+            failures.append(f"{name} gave {type(new).__name__} with timeout {getattr(new, 'timeout', None)}")
+        data = np.full(3, comm.Get_rank(), np.int64)
+        new.Allreduce(MPI.IN_PLACE, data)
+        if not (data == sum(range(new.Get_size()))).all():
+            failures.append(f"{name}: allreduce gave {data}")
+    wrapped_again = ringtree.Communicator(rt)  # mpi4py takes it as a communicator: wrapping it is too
+    if wrapped_again != comm:
+        failures.append("Communicator(Communicator(comm)) is another communicator")
+    for new in made.values():
+        new.Free()
+    assert_everywhere(comm, failures)
+
+
+def test_a_persistent_allreduce_runs_again_at_every_start(comm):
+    rank = comm.Get_rank()
+    data = np.zeros(8, np.int32)
+    out = np.empty_like(data)
+    request = ringtree.allreduce_init(data, out, MPI.SUM, comm=comm)
+    failures = []
+    for step in range(5):
+        data[:] = rank + step
+        request.Start()
+        while not request.Test():
+            pass
+        if not (out == sum(r + step for r in range(comm.Get_size()))).all():
+            failures.append(f"start {step}: {out}")
+    request.Free()
+    if request:
+        failures.append("a freed request is still true")
+    with pytest.raises(ValueError, match="Start after Free"):
+        request.Start()
+    assert_everywhere(comm, failures)
