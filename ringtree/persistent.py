@@ -5,7 +5,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from .allreduce import iallreduce
-from .buffers import converted, passes_through
+from .buffers import converted, is_plain_call, passes_through
 from .checks import checked, checked_timeout
 
 __all__ = ["PersistentRequest", "allreduce_init"]
@@ -23,6 +23,8 @@ def allreduce_init(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto",
         if recvbuf is None:
             raise ValueError("a persistent allreduce needs recvbuf: the result goes there at every Wait")
         call = converted(sendbuf, recvbuf)
+        if is_plain_call(sendbuf, recvbuf):  # the caller's arrays themselves: their calls take the repeat path
+            call = call._replace(send=MPI.IN_PLACE if sendbuf is None else sendbuf, recv=recvbuf)
     except (TypeError, ValueError) as error:
         raise type(error)(f"ringtree allreduce_init on rank {comm.Get_rank()}: {error}") from None
     checked(call.send, call.recv, op, comm, algorithm, None)
