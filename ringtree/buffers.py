@@ -19,7 +19,7 @@ from . import tensors
 from .debug import configure_debug_logging, log
 from .ops import op_name, parse_op
 from .request import Request
-from .runtime.backend import backend_for
+from .runtime.backend import NoDevice, backend_for, cupy_backend
 from .runtime.engine import IN_FLIGHT, progress_others
 from .tensors import is_tensor
 
@@ -82,7 +82,7 @@ def converted_call(run, start, sendbuf, recvbuf, op, comm, *arguments):
     try:
         why = passes_through(op, sendbuf, recvbuf)
         call = converted(sendbuf, recvbuf) if why is None or recvbuf is None else None
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
     if why is not None:
         if call is not None and call.send is MPI.IN_PLACE:
@@ -194,10 +194,15 @@ def _flat(array: np.ndarray, name: str) -> np.ndarray:
 
 
 def _cupy(name: str, kind: type):
+    """CuPy, for a buffer in device memory; a clear error where there is no CuPy or no device."""
     try:
         import cupy
     except ImportError:
         raise TypeError(f"{name} is a {kind.__name__} in device memory, which needs CuPy") from None
+    try:
+        cupy_backend()  # NoDevice where CUDA finds none
+    except NoDevice:
+        raise NoDevice(f"{name} is a {kind.__name__} in device memory, but CUDA finds no usable device") from None
     return cupy
 
 

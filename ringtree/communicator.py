@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from .allreduce import Request, allreduce, iallreduce
+from .allreduce import allreduce, iallreduce
 from .persistent import PersistentRequest, allreduce_init
+from .request import MPIRequest, Request
 
 __all__ = ["Communicator"]
 
@@ -44,9 +45,14 @@ class Communicator(MPI.Intracomm):
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> None:
         allreduce(sendbuf, recvbuf, op, comm=self, algorithm=algorithm, check=self.check, timeout=self.timeout)
 
-    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> Request:
-        return iallreduce(sendbuf, recvbuf, op, comm=self, algorithm=algorithm, check=self.check,
-                          timeout=self.timeout)
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> MPIRequest | Request:
+        """An mpi4py request (MPIRequest), which MPI.Request.Waitall and the like take, where MPI lets
+        a thread progress it meanwhile (MPI_THREAD_MULTIPLE); else ringtree's Request."""
+        request = iallreduce(sendbuf, recvbuf, op, comm=self, algorithm=algorithm, check=self.check,
+                             timeout=self.timeout)
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            return request
+        return MPIRequest(request)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,
                        algorithm="auto") -> PersistentRequest:

@@ -7,6 +7,7 @@ from mpi4py import MPI
 from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
 from .checks import checked, checked_timeout
+from .runtime.backend import NoDevice
 
 __all__ = ["PersistentRequest", "allreduce_init"]
 
@@ -25,7 +26,7 @@ def allreduce_init(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto",
         call = converted(sendbuf, recvbuf)
         if is_plain_call(sendbuf, recvbuf):  # the caller's arrays themselves: their calls take the repeat path
             call = call._replace(send=MPI.IN_PLACE if sendbuf is None else sendbuf, recv=recvbuf)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree allreduce_init on rank {comm.Get_rank()}: {error}") from None
     checked(call.send, call.recv, op, comm, algorithm, None)
     checked_timeout(timeout, comm, None)

@@ -1,14 +1,19 @@
-"""The Request of a collective in flight, as `iallreduce` returns it."""
+"""The Request of a collective in flight, as `iallreduce` returns it; MPIRequest, the same as an
+mpi4py request, as ringtree.Communicator's Iallreduce returns it."""
 
 from __future__ import annotations
 
+import threading
+
 from mpi4py import MPI
 
+from .debug import log
+from .runtime import progress
 from .runtime.engine import Execution
 from .runtime.native import NativeInFlight
 from .runtime.threads import note_thread
 
-__all__ = ["Request"]
+__all__ = ["Request", "MPIRequest"]
 
 
 class Request:
@@ -35,6 +40,12 @@ class Request:
             self._finish()
         return self._result
 
+    def _wait_for_another(self) -> None:
+        """wait() in the progress thread (progress.py), which makes no call: no thread is noted."""
+        self._execution.wait()
+        if self._then is not None:
+            self._finish()
+
     def _finish(self) -> None:
         then, self._then = self._then, None
         then()
@@ -53,8 +64,95 @@ class Request:
         return True
 
 
+class MPIRequest(MPI.Grequest):
+    """A ringtree Request that is also an mpi4py request (a generalized request, MPI_Grequest_start):
+    MPI.Request.Waitall, Waitany, Testall, ... take it beside MPI's own. While one waits inside MPI,
+    where no ringtree call progresses the collective, the progress thread (runtime/progress.py)
+    moves it and completes the generalized request. Its own Wait and Test progress it as a Request's."""
+
+    def __new__(cls, request: Request) -> MPIRequest:
+        failure: list = []  # the error that ended it in the progress thread, for MPI's status and for Wait
+        self = super().__new__(cls, MPI.Grequest.Start(_status, _nothing, _nothing, args=(failure,)))
+        self._request, self._lock, self._completed, self._failure = request, threading.Lock(), False, failure
+        progress.watch(self)
+        return self
+
+    def advance(self) -> bool:
+        """For the progress thread: wait for it, unless another thread holds it; whether it is complete.
+        The wait is a ringtree wait, which finds a mismatch, a timeout or a failed peer; an error ends
+        it: a wait inside MPI then fails (MPI_ERR_IN_STATUS), and its own Wait raises the error."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if not self._completed:
+                try:
+                    self._request._wait_for_another()
+                except Exception as error:  # any: its own Wait raises it
+                    log.error("%s", error)  # someone waiting inside MPI learns only that it failed
+                    self._failure.append(error)
+                self._complete()
+            return True
+        finally:
+            self._lock.release()
+
+    def _complete(self) -> None:
+        self._completed = True
+        MPI.Grequest.Complete(self)
+
+    def Wait(self, status: MPI.Status | None = None) -> bool:
+        with self._lock:
+            if not self._completed:
+                try:
+                    self._request.wait()
+                finally:
+                    self._complete()
+        progress.forget(self)
+        if self._failure:
+            MPI.Grequest.Wait(self)  # frees it
+            raise self._failure[0]
+        return MPI.Grequest.Wait(self, status)  # frees it; at once where MPI has already
+
+    def Test(self, status: MPI.Status | None = None) -> bool:
+        if not self._lock.acquire(blocking=False):
+            return False  # the progress thread is waiting for it
+        try:
+            if not self._completed:
+                try:
+                    if self._request.test():
+                        self._complete()
+                except BaseException:
+                    self._complete()
+                    raise
+        finally:
+            self._lock.release()
+        if self._completed and self._failure:
+            return self.Wait(status)
+        return self._completed and MPI.Grequest.Test(self, status)
+
+    def wait(self):
+        """The result, as Request.wait."""
+        self.Wait()
+        return self._request._result
+
+    def test(self) -> bool:
+        return self.Test()
+
+
+def _status(status: MPI.Status, failure: list) -> None:
+    """A generalized request's query callback: the empty status, with an error if it failed."""
+    _empty(status)
+    if failure:
+        status.error = MPI.ERR_OTHER
+        raise MPI.Exception(MPI.ERR_OTHER)  # what the query returns, MPI's wait returns
+
+
 def _empty(status: MPI.Status) -> None:
     """The status of a completed collective: MPI's empty status (the MPI standard, 3.7.3)."""
     status.source, status.tag, status.error = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.SUCCESS
     status.Set_elements(MPI.BYTE, 0)
     status.Set_cancelled(False)
+
+
+def _nothing(*_) -> None:
+    """A generalized request's free and cancel callbacks: a collective cannot be cancelled, and
+    what it holds is freed with its Request."""

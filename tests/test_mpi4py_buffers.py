@@ -197,3 +197,72 @@ def test_a_persistent_allreduce_runs_again_at_every_start(comm):
     with pytest.raises(ValueError, match="Start after Free"):
         request.Start()
     assert_everywhere(comm, failures)
+
+
+def test_communicators_requests_are_mpi4py_requests_that_mpis_waitall_waitany_and_testall_take(comm):
+    rt = ringtree.Communicator(comm)
+    rank, total = comm.Get_rank(), sum(range(comm.Get_size()))
+    buffers = [np.full(n, rank, np.float64) for n in (1, 1000, 300_000)]
+    theirs = np.zeros(4)
+    requests = [rt.Iallreduce(MPI.IN_PLACE, b) for b in buffers] + [comm.Iallreduce(np.ones(4), theirs)]
+    statuses = [MPI.Status() for _ in requests]
+    MPI.Request.Waitall(requests, statuses)  # inside MPI: the progress thread moves ringtree's
+    failures = [] if all((b == total).all() for b in buffers) and (theirs == comm.Get_size()).all() \
+        else ["Waitall: wrong results"]
+    if not all(isinstance(r, MPI.Request) and r == MPI.REQUEST_NULL for r in requests):
+        failures.append("Waitall left a request that is not REQUEST_NULL")
+    if any((s.source, s.tag, s.error) != (MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.SUCCESS) for s in statuses[:3]):
+        failures.append(f"not MPI's empty status: {[(s.source, s.tag, s.error) for s in statuses]}")
+    request = rt.Iallreduce(MPI.IN_PLACE, buffers[1])
+    if MPI.Request.Waitany([request]) != 0 or not (buffers[1] == total * comm.Get_size()).all():
+        failures.append("Waitany")
+    request = rt.Iallreduce(MPI.IN_PLACE, buffers[0])
+    while not MPI.Request.Testall([request]):
+        pass
+    request = rt.Iallreduce(MPI.IN_PLACE, buffers[2])
+    while not request.Test():  # its own Test and Wait, as mpi4py's
+        pass
+    if not request.Wait() or not (buffers[2] == total * comm.Get_size()).all():
+        failures.append("Test and Wait")
+    assert_everywhere(comm, failures)
+
+
+def test_a_mismatch_in_a_request_waited_for_inside_mpi_is_an_mpi_error_on_every_rank_not_a_hang(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("a mismatch needs two ranks")
+    rt = ringtree.Communicator(comm.Dup())  # left unusable by the mismatch
+    data = np.ones(1000 + (comm.Get_rank() == 0))
+    request = rt.Iallreduce(MPI.IN_PLACE, data, algorithm="ring")
+    try:
+        MPI.Request.Waitall([request])
+        failures = ["Waitall returned"]
+    except MPI.Exception as error:
+        failures = [] if error.Get_error_class() == MPI.ERR_IN_STATUS else [f"MPI error {error}"]
+    assert_everywhere(comm, failures)
+
+
+class CUDAArrayInterfaceOnly:
+    """An object that exports only the CUDA array interface, as mpi4py's tests' CAI arrays, here over
+    host memory."""
+
+    def __init__(self, array):
+        self._array = array
+
+    @property
+    def __cuda_array_interface__(self):
+        return {**self._array.__array_interface__, "version": 3}
+
+
+def test_a_cuda_array_interface_object_without_a_gpu_is_a_clear_error_before_any_message(comm):
+    from ringtree.runtime.backend import NoDevice, cupy_backend
+
+    try:
+        cupy_backend()
+        pytest.skip("a GPU is here: CuPy takes only device memory through the interface (scripts/gpu-check)")
+    except (ImportError, NoDevice):
+        pass
+    data = np.ones(4)
+    with pytest.raises((NoDevice, TypeError), match=f"rank {comm.Get_rank()}: sendbuf is a CUDAArrayInterfaceOnly "
+                                                    "in device memory"):
+        ringtree.Communicator(comm).Allreduce(CUDAArrayInterfaceOnly(data), np.zeros(4))
+    assert_everywhere(comm, [] if (data == 1).all() else ["the input changed"])
