@@ -10,6 +10,9 @@ twice: as the engine runs them (any op whose dependencies are met), and as the
 stepwise path does (one step at a time, in listed order). Each time, every
 rank's output must end up holding every rank's input exactly once, in every
 element.
+
+`replay` runs the same schedules on real values: the bits an allreduce of them computes, for a test
+to compare with.
 """
 
 from __future__ import annotations
@@ -53,9 +56,25 @@ def verify_schedules(schedules: Sequence[Schedule], *, stepwise: bool = True) ->
         _run_stepwise(schedules)
 
 
+def replay(schedules: Sequence[Schedule], inputs: Sequence[np.ndarray], reduce) -> list[np.ndarray]:
+    """Every rank's output of the schedules run on real values (`inputs`, a 1-D array per rank), with
+    `reduce(left, right)` for each REDUCE, in its operand order: the result an allreduce of these
+    schedules computes, bit for bit, as a reference for reductions that round (bfloat16, float16)."""
+    ranks = [_ValueRank(s, len(schedules), data, reduce) for s, data in zip(schedules, inputs)]
+    _run_ranks(ranks)
+    return [rank.buffers[OUTPUT] for rank in ranks]
+
+
 def _run_as_engine(schedules: Sequence[Schedule]) -> None:
     nranks = len(schedules)
     ranks = [_SymbolicRank(s, nranks) for s in schedules]
+    _run_ranks(ranks)
+    for rank in ranks:
+        rank.check_result()
+
+
+def _run_ranks(ranks) -> None:
+    """Run the ranks together as the engine runs them (any op whose dependencies are met)."""
     channels = _Channels(ranks)
     while True:
         progressed = False
@@ -69,8 +88,6 @@ def _run_as_engine(schedules: Sequence[Schedule]) -> None:
     stuck = [f"rank {r.rank} op {i} ({r.schedule.ops[i]})" for r in ranks for i in r.unfinished()]
     if stuck:
         raise ScheduleError("deadlock: these ops can never finish: " + "; ".join(stuck[:8]))
-    for rank in ranks:
-        rank.check_result()
 
 
 def _run_stepwise(schedules: Sequence[Schedule]) -> None:
@@ -213,8 +230,12 @@ class _SymbolicRank:
             self.write(op.dst, self.read(op.src, i), i)
         else:
             left, right = op.srcs
-            self.write(op.dst, self.read(left, i) + self.read(right, i), i)
+            self.write(op.dst, self.combine(self.read(left, i), self.read(right, i)), i)
         self.finish(i)
+
+    @staticmethod
+    def combine(left, right):
+        return left + right  # contributions counted
 
     def _release(self, i: int) -> None:
         if i >= 0:
@@ -252,3 +273,13 @@ class _SymbolicRank:
             raise ScheduleError(
                 f"rank {self.rank}: output[{e}] holds contributions {held} (rank: times), "
                 f"not every rank's input once ({wrong.size} wrong elements)")
+
+
+class _ValueRank(_SymbolicRank):
+    """A rank whose buffers hold values, not counts of contributions (replay)."""
+
+    def __init__(self, schedule: Schedule, nranks: int, data: np.ndarray, reduce) -> None:
+        super().__init__(schedule, nranks)
+        self.buffers = {name: np.zeros(size, data.dtype) for name, size in schedule.buffer_sizes().items()}
+        self.buffers[INPUT][:] = data
+        self.combine = reduce
