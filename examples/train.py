@@ -185,15 +185,20 @@ def _progress(steps, show: bool, description: str):
 def main() -> None:
     args = parse_args()
     comm = MPI.COMM_WORLD
-    result = train(args, comm)
+    report(train(args, comm), comm, args.target_accuracy)
+
+
+def report(result: dict, comm: MPI.Comm, target_accuracy: float | None) -> None:
+    """Say whether every rank ended with the same parameters, and the final test accuracy; exit with
+    an error unless they did and it reaches `target_accuracy`."""
     final = result["history"][-1]
     if comm.Get_rank() == 0:
         print(f"parameters are {'bitwise identical' if result['identical'] else 'NOT identical'} "
               f"on all {comm.Get_size()} ranks; final test accuracy {final['test_accuracy']:.2%}")
     if not result["identical"]:
         raise SystemExit("ranks ended with different parameters")
-    if args.target_accuracy is not None and final["test_accuracy"] < args.target_accuracy:
-        raise SystemExit(f"test accuracy {final['test_accuracy']:.2%} is below the target {args.target_accuracy:.0%}")
+    if target_accuracy is not None and final["test_accuracy"] < target_accuracy:
+        raise SystemExit(f"test accuracy {final['test_accuracy']:.2%} is below the target {target_accuracy:.0%}")
 
 
 if __name__ == "__main__":
