@@ -28,20 +28,26 @@ from mpi4py import MPI  # noqa: E402
 import ringtree  # noqa: E402
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def training_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a training run, shared with examples/train_torch.py."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch, split evenly across ranks")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden", type=int, default=128, help="width of the two hidden layers")
+    parser.add_argument("--target-accuracy", type=float, default=None,
+                        help="exit with an error unless the final test accuracy reaches this (0-1)")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = training_arguments(__doc__)
     parser.add_argument("--algorithm", default="auto", help="ringtree allreduce algorithm")
     parser.add_argument("--bucket-mb", type=float, default=25.0,
                         help="gradient fusion bucket size in MiB; 0: one allreduce per array")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="numpy, or CuPy on the GPU")
-    parser.add_argument("--hidden", type=int, default=128, help="width of the two hidden layers")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
-    parser.add_argument("--target-accuracy", type=float, default=None,
-                        help="exit with an error unless the final test accuracy reaches this (0-1)")
     return parser.parse_args(argv)
 
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-from train import load_digits_split, report  # noqa: E402  (examples/train.py, beside this file)
+from train import load_digits_split, report, training_arguments  # noqa: E402  (examples/train.py, beside this file)
 
 import ringtree.torch  # noqa: E402
 
@@ -35,18 +35,11 @@ HOOKS = {"allreduce": ringtree.torch.allreduce_hook, "fp16": ringtree.torch.fp16
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=64, help="global batch, split evenly across ranks")
-    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hidden", type=int, default=128, help="width of the two hidden layers")
+    parser = training_arguments(__doc__)
     parser.add_argument("--hook", choices=sorted(HOOKS), default="allreduce", help="ringtree's DDP comm hook")
     parser.add_argument("--bucket-mb", type=float, default=0.025,
                         help="DDP's bucket_cap_mb (the default makes several buckets of this model)")
     parser.add_argument("--no-compare", action="store_true", help="skip the run with DDP's own gloo allreduce")
-    parser.add_argument("--target-accuracy", type=float, default=None,
-                        help="exit with an error unless the final test accuracy reaches this (0-1)")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.bucket_mb <= 0:
         parser.error("--epochs, --batch-size and --bucket-mb must be positive")
