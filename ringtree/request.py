@@ -108,7 +108,10 @@ class MPIRequest(MPI.Grequest):
                     self._complete()
         progress.forget(self)
         if self._failure:
-            MPI.Grequest.Wait(self)  # frees it
+            try:
+                MPI.Grequest.Wait(self)  # frees it; its query reports the failure to MPI, which raises
+            except MPI.Exception:
+                pass
             raise self._failure[0]
         return MPI.Grequest.Wait(self, status)  # frees it; at once where MPI has already
 

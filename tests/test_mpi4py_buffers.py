@@ -266,3 +266,21 @@ def test_a_cuda_array_interface_object_without_a_gpu_is_a_clear_error_before_any
                                                     "in device memory"):
         ringtree.Communicator(comm).Allreduce(CUDAArrayInterfaceOnly(data), np.zeros(4))
     assert_everywhere(comm, [] if (data == 1).all() else ["the input changed"])
+
+
+def test_a_mismatch_the_progress_thread_found_is_raised_by_the_requests_own_wait_on_every_rank(comm):
+    import time
+
+    if comm.Get_size() == 1:
+        pytest.skip("a mismatch needs two ranks")
+    rt = ringtree.Communicator(comm.Dup())  # left unusable by the mismatch
+    request = rt.Iallreduce(MPI.IN_PLACE, np.ones(1000 + (comm.Get_rank() == 0)), algorithm="ring")
+    time.sleep(0.5)  # the progress thread meets the mismatch first, most times
+    try:
+        request.Wait()
+        failures = ["Wait returned"]
+    except ringtree.MismatchError:
+        failures = []
+    except Exception as error:  # noqa: BLE001 - what else it raised is the failure
+        failures = [f"{type(error).__name__}: {error}"]
+    assert_everywhere(comm, failures)
