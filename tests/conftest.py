@@ -58,3 +58,22 @@ def run_mpiexec(nranks, *args, options=(), env=None, timeout=240):
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALNRANKS"))}
     return subprocess.run([str(MPIEXEC), *options, "-n", str(nranks), sys.executable, *args],
                           env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+
+def gloo_on_mpi_ranks():
+    """torch.distributed on gloo over the MPI ranks (once per process), its rendezvous at a free port of
+    rank 0's, found over MPI: DDP's setup, for the torch tests."""
+    import socket
+
+    import torch.distributed as dist
+
+    world = MPI.COMM_WORLD
+    if not dist.is_initialized():
+        port = None
+        if world.Get_rank() == 0:
+            with socket.socket() as free:
+                free.bind(("127.0.0.1", 0))
+                port = free.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{world.bcast(port)}", rank=world.Get_rank(),
+                                world_size=world.Get_size())
+    return dist

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from conftest import assert_everywhere, same_on_all_ranks
+from conftest import assert_everywhere, gloo_on_mpi_ranks, same_on_all_ranks
 
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -89,21 +89,7 @@ def test_bfloat16_is_rounded_after_each_addition_as_ml_dtypes_adds(comm):
 @pytest.fixture(scope="module")
 def gloo():
     """torch.distributed over gloo on the MPI ranks, for DDP's own setup and its own allreduce."""
-    import socket
-
-    import torch.distributed as dist
-
-    world = MPI.COMM_WORLD
-    if not dist.is_initialized():
-        port = None
-        if world.Get_rank() == 0:
-            with socket.socket() as free:
-                free.bind(("127.0.0.1", 0))
-                port = free.getsockname()[1]
-        port = world.bcast(port)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(),
-                                world_size=world.Get_size())
-    return dist
+    return gloo_on_mpi_ranks()
 
 
 def _ddp_steps(dist, hook, steps=5):

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from conftest import assert_everywhere, same_on_all_ranks
+from conftest import assert_everywhere, gloo_on_mpi_ranks, same_on_all_ranks
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
@@ -36,21 +36,11 @@ def test_a_cuda_tensor_out_of_place_and_in_place_gives_mpis_sum(comm, dtype):
 
 
 def test_ddp_on_cuda_with_ringtrees_hook_is_the_same_on_every_rank(comm):
-    import socket
-
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     import ringtree.torch
 
-    if not dist.is_initialized():
-        port = None
-        if comm.Get_rank() == 0:
-            with socket.socket() as free:
-                free.bind(("127.0.0.1", 0))
-                port = free.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{comm.bcast(port)}",
-                                rank=comm.Get_rank(), world_size=comm.Get_size())
+    gloo_on_mpi_ranks()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
