@@ -1,4 +1,6 @@
-"""The catalogue of allreduce schedule generators: name -> (nranks, rank, count) -> Schedule.
+"""The catalogue of schedule generators: ALGORITHMS, allreduce's, name -> (nranks, rank, count) ->
+Schedule; GENERATORS, every collective's, collective -> name -> (nranks, rank, count, Collective) ->
+Schedule (allreduce's take the Collective too, and ignore it).
 
 Generators are pure: they import no MPI and no array library. A generator may
 also declare when its schedules are the same on every rank up to a rotation of
@@ -7,9 +9,13 @@ every P-th rank (PERIOD: the simulator then runs P ranks for all), and the
 schedule tests check the claims.
 """
 
+from .allgather import bruck_allgather, recursive_doubling_allgather, ring_allgather
+from .broadcast import binomial_broadcast, chain_broadcast, scatter_allgather_broadcast
 from .double_tree import double_tree_allreduce
 from .rabenseifner import rabenseifner_allreduce
 from .recursive_doubling import recursive_doubling_allreduce
+from .reduce import binomial_reduce, rabenseifner_reduce
+from .reduce_scatter import pairwise_reduce_scatter, recursive_halving_reduce_scatter, ring_reduce_scatter
 from .ring import ring_allreduce, ring_period, ring_turns
 from .tree import tree_allreduce
 
@@ -19,6 +25,30 @@ ALGORITHMS = {
     "recursive_doubling": recursive_doubling_allreduce,
     "rabenseifner": rabenseifner_allreduce,
     "double_tree": double_tree_allreduce,
+}
+
+GENERATORS = {
+    "allreduce": {name: (lambda generator: lambda nranks, rank, count, collective: generator(nranks, rank, count))(g)
+                  for name, g in ALGORITHMS.items()},
+    "reduce_scatter": {
+        "ring": ring_reduce_scatter,
+        "recursive_halving": recursive_halving_reduce_scatter,
+        "pairwise": pairwise_reduce_scatter,
+    },
+    "allgather": {
+        "ring": ring_allgather,
+        "recursive_doubling": recursive_doubling_allgather,
+        "bruck": bruck_allgather,
+    },
+    "broadcast": {
+        "binomial": binomial_broadcast,
+        "chain": chain_broadcast,
+        "scatter_allgather": scatter_allgather_broadcast,
+    },
+    "reduce": {
+        "binomial": binomial_reduce,
+        "rabenseifner": rabenseifner_reduce,
+    },
 }
 
 # name -> (nranks, count) -> the count C whose rank 0 schedule gives rank r's: every peer p as (p + r) mod

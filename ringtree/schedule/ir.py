@@ -10,12 +10,14 @@ this data; nothing here knows about MPI or arrays.
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
 INPUT = "input"
 OUTPUT = "output"
+KEPT = "kept "  # a scratch buffer so named keeps data for long (partial sums); segmenting leaves it whole
 
 
 class OpKind(IntEnum):
@@ -72,12 +74,61 @@ class Op(NamedTuple):
         return f"copy {self.dst} <- {self.src}"
 
 
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+
+class Collective(NamedTuple):
+    """Which collective a schedule computes, as every rank's call gives it.
+
+    allreduce       every rank's OUTPUT: the total of every rank's INPUT
+    reduce_scatter  rank r's OUTPUT: block r of the total (INPUT holds every block)
+    allgather       every rank's OUTPUT: every rank's INPUT, block r from rank r
+    broadcast       every rank's OUTPUT: the root's OUTPUT as it was (there is no INPUT)
+    reduce          the root's OUTPUT: the total (the others have no OUTPUT)
+
+    Blocks lie in rank order, block r of `counts[r]` elements.
+    """
+
+    name: str = "allreduce"
+    counts: tuple[int, ...] = ()  # elements of each rank's block: reduce_scatter and allgather
+    root: int = 0  # broadcast and reduce
+
+    def check(self, nranks: int, count: int) -> None:
+        if self.name not in COLLECTIVES:
+            raise ValueError(f"unknown collective {self.name!r}; known: {', '.join(COLLECTIVES)}")
+        blocks = self.name in ("reduce_scatter", "allgather")
+        if blocks and (len(self.counts) != nranks or sum(self.counts) != count or min(self.counts, default=0) < 0):
+            raise ValueError(f"{self.name}: counts {self.counts} must be {nranks} counts >= 0 adding up to {count}")
+        if not 0 <= self.root < nranks:
+            raise ValueError(f"{self.name}: root {self.root} is not a rank of {nranks}")
+
+    def displacement(self, rank: int) -> int:
+        """Where block `rank` starts."""
+        return sum(self.counts[:rank])
+
+    def extents(self, rank: int, count: int) -> tuple[int, int, int | None]:
+        """(INPUT's size, OUTPUT's size, where INPUT lies in OUTPUT when the call is in place, or None
+        where an in-place call is not this schedule's concern) for `rank`."""
+        if self.name == "reduce_scatter":
+            return count, self.counts[rank], None
+        if self.name == "allgather":
+            return self.counts[rank], count, self.displacement(rank)
+        if self.name == "broadcast":
+            return 0, count, None
+        if self.name == "reduce" and rank != self.root:
+            return count, 0, None
+        return count, count, 0
+
+
+ALLREDUCE = Collective()
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """One rank's ops for one collective over `count` elements.
+    """One rank's ops for one collective over `count` elements (all blocks together).
 
     `scratch` declares the scratch buffers (name, size in elements) that ops
-    may use besides INPUT and OUTPUT, both of size `count`.
+    may use besides INPUT and OUTPUT, whose sizes the collective gives.
     """
 
     algorithm: str
@@ -86,9 +137,16 @@ class Schedule:
     count: int
     scratch: tuple[tuple[str, int], ...]
     ops: tuple[Op, ...]
+    collective: Collective = ALLREDUCE
 
     def buffer_sizes(self) -> dict[str, int]:
-        return {INPUT: self.count, OUTPUT: self.count, **dict(self.scratch)}
+        inputs, outputs, _ = self.collective.extents(self.rank, self.count)
+        return {INPUT: inputs, OUTPUT: outputs, **dict(self.scratch)}
+
+    @property
+    def input_at(self) -> int | None:
+        """Where INPUT lies in OUTPUT when the call is in place (None: never in place)."""
+        return self.collective.extents(self.rank, self.count)[2]
 
 
 class _Hazards:
@@ -142,25 +200,51 @@ class _Hazards:
         self.starts.insert(i + 1, at)
 
 
+class _Shifted:
+    """INPUT's accesses, tracked where INPUT lies in OUTPUT when the call is in place."""
+
+    def __init__(self, output: _Hazards, at: int, size: int) -> None:
+        self.output, self.at, self.size = output, at, size
+
+    def access(self, offset: int, end: int, op: int, write: bool, deps: set[int]) -> bool:
+        if offset < 0 or end > self.size:
+            return False
+        return self.output.access(offset + self.at, end + self.at, op, write, deps)
+
+
 class ScheduleBuilder:
     """Builds a schedule from ops listed in a valid sequential order.
 
     Dependencies are derived from the regions each op reads and writes (read
     after write, write after read, write after write), so a generator lists
     what happens and the builder works out what may overlap. INPUT is tracked
-    as if it were OUTPUT, so every schedule is also correct in place, when the
-    two are the same memory. Ops on empty regions are dropped.
+    as if it were the part of OUTPUT it is when the call is in place, so every
+    schedule is also correct in place. Ops on empty regions are dropped.
     """
 
-    def __init__(self, algorithm: str, nranks: int, rank: int, count: int) -> None:
+    def __init__(self, algorithm: str, nranks: int, rank: int, count: int,
+                 collective: Collective = ALLREDUCE) -> None:
         if nranks < 1 or not 0 <= rank < nranks or count < 0:
             raise ValueError(f"bad schedule shape: nranks={nranks} rank={rank} count={count}")
+        collective.check(nranks, count)
         self.algorithm, self.nranks, self.rank, self.count = algorithm, nranks, rank, count
-        self._sizes = {INPUT: count, OUTPUT: count}
+        self.collective = collective
+        inputs, outputs, input_at = collective.extents(rank, count)
+        self._sizes = {INPUT: inputs, OUTPUT: outputs}
         self._scratch: list[tuple[str, int]] = []
-        output = _Hazards(count)
-        self._hazards = {OUTPUT: output, INPUT: output}  # as if in place
+        output = _Hazards(outputs)
+        if input_at is None:
+            self._hazards = {OUTPUT: output, INPUT: _Hazards(inputs)}
+        elif input_at == 0 and inputs == outputs:
+            self._hazards = {OUTPUT: output, INPUT: output}  # as if in place
+        else:
+            self._hazards = {OUTPUT: output, INPUT: _Shifted(output, input_at, inputs)}
         self._ops: list[Op] = []
+
+    @classmethod
+    def like(cls, schedule: Schedule) -> ScheduleBuilder:
+        """A builder for another schedule of the same rank and collective (a pass's output)."""
+        return cls(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count, schedule.collective)
 
     def scratch(self, name: str, count: int) -> Ref:
         """Declare a scratch buffer and return a ref to all of it."""
@@ -190,7 +274,7 @@ class ScheduleBuilder:
 
     def build(self) -> Schedule:
         return Schedule(self.algorithm, self.nranks, self.rank, self.count,
-                        tuple(self._scratch), tuple(self._ops))
+                        tuple(self._scratch), tuple(self._ops), self.collective)
 
     def _peer(self, peer: int) -> int:
         if not 0 <= peer < self.nranks or peer == self.rank:
@@ -225,10 +309,11 @@ _READS = ((), (False,), (False, False))
 _new_tuple = tuple.__new__  # builds an Op without NamedTuple's slower Python-level __new__
 
 
-def single_rank(algorithm: str, count: int) -> Schedule:
-    """An allreduce on one rank: the output is a copy of the input."""
-    b = ScheduleBuilder(algorithm, 1, 0, count)
-    b.copy(Ref(OUTPUT, 0, count), Ref(INPUT, 0, count))
+def single_rank(algorithm: str, count: int, collective: Collective = ALLREDUCE) -> Schedule:
+    """A collective on one rank: the output is a copy of the input (a broadcast has nothing to do)."""
+    b = ScheduleBuilder(algorithm, 1, 0, count, collective)
+    if collective.name != "broadcast":
+        b.copy(Ref(OUTPUT, 0, count), Ref(INPUT, 0, count))
     return b.build()
 
 
@@ -236,3 +321,8 @@ def even_chunks(count: int, parts: int) -> list[tuple[int, int]]:
     """Split range(count) into `parts` contiguous (offset, size) chunks differing by at most one."""
     bounds = [i * count // parts for i in range(parts + 1)]
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def blocks(counts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The (offset, size) of each block of `counts`, in order."""
+    return [(offset, size) for offset, size in zip(itertools.accumulate(counts, initial=0), counts)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..algorithms import ALGORITHMS
-from .ir import Schedule
+from ..algorithms import GENERATORS
+from .ir import ALLREDUCE, Collective, Schedule
 from .order import steps
 from .pipeline import segmented
 from .staging import staged
@@ -30,6 +30,7 @@ class Shape(NamedTuple):
     window: int = 4  # segments in flight into scratch; staging slots per channel
     staged: bool = False  # messages through host memory (device buffers, an MPI that is not CUDA-aware)
     stepwise: bool = False  # also the steps of the stepwise path (unsegmented schedules only)
+    collective: Collective = ALLREDUCE
 
 
 class Program(NamedTuple):
@@ -40,11 +41,13 @@ class Program(NamedTuple):
 
 
 def lower(shape: Shape) -> Program:
-    if shape.algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {shape.algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    generators = GENERATORS.get(shape.collective.name, {})
+    if shape.algorithm not in generators:
+        of = "" if shape.collective is ALLREDUCE else f"{shape.collective.name} "
+        raise ValueError(f"unknown {of}algorithm {shape.algorithm!r}; known: {', '.join(sorted(generators))}")
     if shape.stepwise and shape.segment:
         raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
-    schedule = ALGORITHMS[shape.algorithm](shape.nranks, shape.rank, shape.count)
+    schedule = generators[shape.algorithm](shape.nranks, shape.rank, shape.count, shape.collective)
     if shape.segment:
         schedule = segmented(schedule, shape.segment, shape.window)
     if shape.staged:

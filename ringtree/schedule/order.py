@@ -8,6 +8,7 @@ nothing to overlap anyway. Both orders are derived here from the same ops.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .ir import OpKind, Schedule
@@ -45,7 +46,7 @@ def stepwise(schedule: Schedule) -> Schedule:
         for i in step:
             ops[i] = ops[i]._replace(deps=tuple(sorted(set(ops[i].deps) | set(before))))
         before = step
-    return Schedule(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count, schedule.scratch, tuple(ops))
+    return dataclasses.replace(schedule, ops=tuple(ops))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ of the original ops and, within one op, of their segments. Every rank splits a
 message the same way, so the k-th send on a channel still matches the k-th
 receive.
 
-Scratch memory shrinks to `window` segment-sized slots: each piece of data
+Scratch memory (but for buffers named ir.KEPT) shrinks to `window` segment-sized slots: each piece of data
 written to scratch takes a free slot, and a write into a slot waits until the
 slot's previous contents have been read. At most `window` pieces are in
 scratch at once, and scratch is segment × window elements whatever the
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 
-from .ir import INPUT, OUTPUT, Op, Ref, Schedule, ScheduleBuilder
+from .ir import INPUT, KEPT, OUTPUT, Op, Ref, Schedule, ScheduleBuilder
 from .order import dataflow
 
 SLOTS = "slots"
@@ -34,7 +34,10 @@ def segmented(schedule: Schedule, segment: int, window: int = 4) -> Schedule:
     pieces, priorities = _split(schedule, segment)
     order, slot_of = _pipeline_order(schedule, pieces, priorities, window)
 
-    b = ScheduleBuilder(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count)
+    b = ScheduleBuilder.like(schedule)
+    for name, size in schedule.scratch:
+        if name.startswith(KEPT):
+            b.scratch(name, size)
     scratch_writes = [p.dst.count for p in pieces if p.dst is not None and _is_scratch(p.dst)]
     slots = b.scratch(SLOTS, max(scratch_writes) * window).buffer if scratch_writes else None
     size = max(scratch_writes, default=0)
@@ -72,7 +75,7 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
     """A sequential order of the pieces (a topological sort by priority) that runs segment by
     segment where dependencies allow and frees each scratch slot as soon as it can; and the slot
     each piece's scratch regions are in, keyed by (piece, region)."""
-    b = ScheduleBuilder(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count)
+    b = ScheduleBuilder.like(schedule)
     for name, size in schedule.scratch:
         b.scratch(name, size)
     for piece in pieces:
@@ -175,7 +178,8 @@ class _Slots:
 
 
 def _is_scratch(ref: Ref) -> bool:
-    return ref.buffer not in (INPUT, OUTPUT)
+    """Whether `ref` is in scratch that becomes slots (ir.KEPT buffers stay whole)."""
+    return ref.buffer not in (INPUT, OUTPUT) and not ref.buffer.startswith(KEPT)
 
 
 def _piece(ref: Ref, start: int, size: int) -> Ref:

@@ -33,7 +33,7 @@ def is_host(buffer: str) -> bool:
 def staged(schedule: Schedule, window: int) -> Schedule:
     if window < 1:
         raise ValueError(f"window ({window}) must be positive")
-    b = ScheduleBuilder(schedule.algorithm, schedule.nranks, schedule.rank, schedule.count)
+    b = ScheduleBuilder.like(schedule)
     for name, size in schedule.scratch:
         b.scratch(name, size)
     messages = [op for op in schedule.ops if op.peer is not None]

@@ -42,7 +42,8 @@ that stand for all.
 
 from __future__ import annotations
 
-from ..algorithms import ALGORITHMS, PERIOD, TURNING
+from ..algorithms import GENERATORS, PERIOD, TURNING
+from ..schedule.ir import Collective, even_chunks
 from ..schedule.lower import Shape
 from .events import run_events
 from .flat import flat_schedule, flat_schedules, without_gc
@@ -53,8 +54,11 @@ __all__ = ["simulate"]
 
 
 def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize: int = 4, segment: int = 0,
-             window: int = 4, stepwise: bool = False, trace: bool = False, progress: bool = False) -> SimResult:
-    """Simulate one allreduce of `nbytes` (whole elements of `itemsize` bytes) on `nranks` ranks.
+             window: int = 4, stepwise: bool = False, trace: bool = False, progress: bool = False,
+             collective: str = "allreduce", root: int = 0) -> SimResult:
+    """Simulate one allreduce (or other `collective`, of `root`) of `nbytes` (whole elements of
+    `itemsize` bytes, the blocks of a reduce-scatter or allgather together, split as evenly as they
+    go) on `nranks` ranks.
 
     `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
     engine does. `stepwise` runs each rank's ops in their listed order, a step
@@ -63,8 +67,10 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
     lists every op's start and finish. With `progress`, a simulation of every
     rank shows progress bars on stderr, where that is a terminal.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    known = GENERATORS.get(collective, {})
+    if algorithm not in known:
+        of = "" if collective == "allreduce" else f"{collective} "
+        raise ValueError(f"unknown {of}algorithm {algorithm!r}; known: {', '.join(sorted(known)) or 'none'}")
     if nranks < 1 or nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"need nranks >= 1 and nbytes a multiple of itemsize >= 1, "
                          f"not nranks={nranks} nbytes={nbytes} itemsize={itemsize}")
@@ -73,6 +79,13 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
         raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
     call = Call(algorithm, nranks, nbytes, itemsize, segment)
     count, segment_elements = call.count, call.segment_elements
+    if collective != "allreduce":
+        blocks = tuple(size for _, size in even_chunks(count, nranks))
+        shape = Collective(collective, blocks if collective in ("reduce_scatter", "allgather") else (), root)
+        shape.check(nranks, count)
+        schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,
+                                   progress=progress, stepwise=stepwise, collective=shape)
+        return run_events(schedules, call, costs, trace, progress)
     turns = TURNING.get(algorithm)
     built_for = turns(nranks, count) if turns is not None else None
     template = None

@@ -4,12 +4,14 @@ Each rank's schedule is first checked statically: dependencies point backwards,
 regions are in bounds, and no two ops that no chain of dependencies orders
 touch the same element where one writes it (a race). Then every element of
 every buffer holds a vector of counts: how many times each rank's input has
-been added into it. Ranks run together, with sends that complete only once
-their receive is posted, so a schedule that could deadlock is caught. They run
-twice: as the engine runs them (any op whose dependencies are met), and as the
-stepwise path does (one step at a time, in listed order). Each time, every
-rank's output must end up holding every rank's input exactly once, in every
-element.
+been added into it, and which element of the inputs it is (of the blocks laid
+end to end, for an allgather). Ranks run together, with sends that complete
+only once their receive is posted, so a schedule that could deadlock is
+caught. They run twice: as the engine runs them (any op whose dependencies are
+met), and as the stepwise path does (one step at a time, in listed order).
+Each time, every rank's output must end up holding what its collective
+promises (ir.Collective), in every element: for an allreduce, every rank's
+input exactly once.
 
 `replay` runs the same schedules on real values: the bits an allreduce of them computes, for a test
 to compare with.
@@ -23,27 +25,31 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow, steps
+from ..schedule.ir import ALLREDUCE, Collective
 from ..schedule.lower import Shape, lower
 
 
 class ScheduleError(AssertionError):
-    """A schedule that does not compute an allreduce, or could hang."""
+    """A schedule that does not compute its collective, or could hang."""
 
 
 def allreduce_schedules(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
-                        staged: bool = False) -> list[Schedule]:
+                        staged: bool = False, collective: Collective = ALLREDUCE) -> list[Schedule]:
     """Every rank's schedule, as lower() gives it to the engine (segment in elements)."""
-    return [lower(Shape(algorithm, nranks, rank, count, segment, window, staged)).schedule for rank in range(nranks)]
+    return [lower(Shape(algorithm, nranks, rank, count, segment, window, staged, False, collective)).schedule
+            for rank in range(nranks)]
 
 
-def verify(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4, staged: bool = False) -> None:
-    """Raise ScheduleError unless every rank's program for this shape computes an allreduce without
+def verify(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4, staged: bool = False,
+           collective: Collective = ALLREDUCE) -> None:
+    """Raise ScheduleError unless every rank's program for this shape computes its collective without
     deadlock, as the engine runs it and, unsegmented, as the stepwise path does."""
-    verify_schedules(allreduce_schedules(algorithm, nranks, count, segment, window, staged), stepwise=not segment)
+    verify_schedules(allreduce_schedules(algorithm, nranks, count, segment, window, staged, collective),
+                     stepwise=not segment)
 
 
 def verify_schedules(schedules: Sequence[Schedule], *, stepwise: bool = True) -> None:
-    """Raise ScheduleError unless the schedules compute an allreduce without deadlock: as the engine
+    """Raise ScheduleError unless the schedules compute their collective without deadlock: as the engine
     runs them and, with `stepwise`, as the stepwise path does (which only takes unsegmented ones)."""
     nranks = len(schedules)
     for r, s in enumerate(schedules):
@@ -57,9 +63,10 @@ def verify_schedules(schedules: Sequence[Schedule], *, stepwise: bool = True) ->
 
 
 def replay(schedules: Sequence[Schedule], inputs: Sequence[np.ndarray], reduce) -> list[np.ndarray]:
-    """Every rank's output of the schedules run on real values (`inputs`, a 1-D array per rank), with
-    `reduce(left, right)` for each REDUCE, in its operand order: the result an allreduce of these
-    schedules computes, bit for bit, as a reference for reductions that round (bfloat16, float16)."""
+    """Every rank's output of the schedules run on real values (`inputs`, a 1-D array per rank: its
+    INPUT, or a broadcast's OUTPUT), with `reduce(left, right)` for each REDUCE, in its operand order:
+    the result the schedules compute, bit for bit, as a reference for reductions that round
+    (bfloat16, float16)."""
     ranks = [_ValueRank(s, len(schedules), data, reduce) for s, data in zip(schedules, inputs)]
     _run_ranks(ranks)
     return [rank.buffers[OUTPUT] for rank in ranks]
@@ -138,7 +145,7 @@ def _check_deps(s: Schedule) -> None:
 
 def _check_races(s: Schedule) -> None:
     """No two ops that no chain of dependencies orders may touch the same element where one of them
-    writes it. Input and output count as one buffer, as they are when the call is in place."""
+    writes it. Input counts as the part of the output it is when the call is in place."""
     before = []  # per op, a bitset of the ops that must finish before it starts
     for op in s.ops:
         mask = 0
@@ -148,8 +155,9 @@ def _check_races(s: Schedule) -> None:
     accesses: dict[str, list[tuple[int, int, int, bool]]] = {}
     for i, op in enumerate(s.ops):
         for ref, write in [(ref, False) for ref in op.srcs] + ([(op.dst, True)] if op.dst is not None else []):
-            name = OUTPUT if ref.buffer == INPUT else ref.buffer
-            accesses.setdefault(name, []).append((ref.offset, ref.end, i, write))
+            shift = s.input_at if ref.buffer == INPUT else None
+            name = ref.buffer if shift is None else OUTPUT
+            accesses.setdefault(name, []).append((ref.offset + (shift or 0), ref.end + (shift or 0), i, write))
     for name, items in accesses.items():
         items.sort()
         active: list[tuple[int, int, int, bool]] = []  # accesses that reach past the current offset
@@ -200,12 +208,19 @@ def _deliver(sender: _SymbolicRank, si: int, receiver: _SymbolicRank, ri: int) -
 
 
 class _SymbolicRank:
+    """A rank whose elements hold, per rank, how many times its input was added in, and in a last
+    column which element of the inputs they are (-1: elements of different places added)."""
+
     def __init__(self, schedule: Schedule, nranks: int) -> None:
         self.schedule, self.rank, self.nranks = schedule, schedule.rank, nranks
-        self.buffers = {name: np.zeros((size, nranks), np.int64) for name, size in schedule.buffer_sizes().items()}
+        self.buffers = {name: np.zeros((size, nranks + 1), np.int64) for name, size in schedule.buffer_sizes().items()}
         self.defined = {name: np.zeros(size, bool) for name, size in schedule.buffer_sizes().items()}
-        self.buffers[INPUT][:, self.rank] = 1
-        self.defined[INPUT][:] = True
+        start = _first_of_input(schedule)
+        given = OUTPUT if schedule.collective.name == "broadcast" else INPUT
+        if given == INPUT or self.rank == schedule.collective.root:
+            self.buffers[given][:, self.rank] = 1
+            self.buffers[given][:, -1] = start + np.arange(len(self.buffers[given]))
+            self.defined[given][:] = True
         self.done = [False] * len(schedule.ops)
         flow = dataflow(schedule)  # as the engine: deps, and channel order for messages
         self.pending = list(flow.initial_pending)
@@ -235,7 +250,9 @@ class _SymbolicRank:
 
     @staticmethod
     def combine(left, right):
-        return left + right  # contributions counted
+        total = left + right  # contributions counted
+        total[:, -1] = np.where(left[:, -1] == right[:, -1], left[:, -1], -1)
+        return total
 
     def _release(self, i: int) -> None:
         if i >= 0:
@@ -265,14 +282,42 @@ class _SymbolicRank:
         return [i for i, d in enumerate(self.done) if not d]
 
     def check_result(self):
-        out = self.buffers[OUTPUT]
-        wrong = np.flatnonzero(~self.defined[OUTPUT] | (out != 1).any(axis=1))
+        out, expected = self.buffers[OUTPUT], _promised(self.schedule)
+        wrong = np.flatnonzero(~self.defined[OUTPUT] | (out != expected).any(axis=1))
         if wrong.size:
             e = int(wrong[0])
-            held = {r: int(c) for r, c in enumerate(out[e]) if c} if self.defined[OUTPUT][e] else "nothing"
+            held = ({r: int(c) for r, c in enumerate(out[e, :-1]) if c} if self.defined[OUTPUT][e] else "nothing")
+            owners = np.flatnonzero(expected[e, :-1])
+            want = "every rank's input once" if len(owners) > 1 else f"rank {owners[0]}'s input once"
+            origin = "different input elements added" if out[e, -1] < 0 else f"input element {out[e, -1]}"
+            where = ("" if not self.defined[OUTPUT][e] or out[e, -1] == expected[e, -1]
+                     else f", of {origin} where element {expected[e, -1]} belongs")
             raise ScheduleError(
-                f"rank {self.rank}: output[{e}] holds contributions {held} (rank: times), "
-                f"not every rank's input once ({wrong.size} wrong elements)")
+                f"rank {self.rank}: output[{e}] holds contributions {held} (rank: times){where}, "
+                f"not {want} ({wrong.size} wrong elements)")
+
+
+def _first_of_input(schedule: Schedule) -> int:
+    """Which element of the inputs (blocks laid end to end) a rank's INPUT starts with."""
+    collective = schedule.collective
+    return collective.displacement(schedule.rank) if collective.name == "allgather" else 0
+
+
+def _promised(schedule: Schedule) -> np.ndarray:
+    """What each element of a rank's OUTPUT must hold at the end, as _SymbolicRank counts it."""
+    collective, nranks = schedule.collective, schedule.nranks
+    size = schedule.buffer_sizes()[OUTPUT]
+    expected = np.zeros((size, nranks + 1), np.int64)
+    first = collective.displacement(schedule.rank) if collective.name == "reduce_scatter" else 0
+    expected[:, -1] = first + np.arange(size)
+    if collective.name == "allgather":
+        owners = np.repeat(np.arange(nranks), collective.counts)
+        expected[np.arange(size), owners] = 1
+    elif collective.name == "broadcast":
+        expected[:, collective.root] = 1
+    else:
+        expected[:, :-1] = 1
+    return expected
 
 
 class _ValueRank(_SymbolicRank):
@@ -281,5 +326,7 @@ class _ValueRank(_SymbolicRank):
     def __init__(self, schedule: Schedule, nranks: int, data: np.ndarray, reduce) -> None:
         super().__init__(schedule, nranks)
         self.buffers = {name: np.zeros(size, data.dtype) for name, size in schedule.buffer_sizes().items()}
-        self.buffers[INPUT][:] = data
+        given = OUTPUT if schedule.collective.name == "broadcast" else INPUT
+        if given == INPUT or self.rank == schedule.collective.root:
+            self.buffers[given][:] = data
         self.combine = reduce
