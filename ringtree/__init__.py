@@ -1,12 +1,16 @@
-"""ringtree: ring, tree and three more allreduce algorithms for mpi4py programs, on numpy and CuPy buffers.
+"""ringtree: ring, tree and three more allreduce algorithms, and reduce-scatter, allgather, broadcast
+and reduce, for mpi4py programs, on numpy and CuPy buffers.
 
     from ringtree.allreduce import allreduce, iallreduce
+    from ringtree import reduce_scatter, allgather, broadcast, reduce
     import ringtree; comm = ringtree.Communicator(MPI.COMM_WORLD)
     bucketer = ringtree.GradientBucketer(gradients)   # fused, overlapped, for training
 
 The package, from the public face inward (docs/design.md draws it):
 
-allreduce, persistent, communicator, buckets   the public API
+allreduce, collectives, persistent,            the public API
+communicator, buckets
+collective_args                                 the other collectives' arguments, checked
 errors, ops                                     its errors; the reduction ops and the dtypes each takes
 buffers, tensors                                what mpi4py takes as a buffer (torch tensors too), as arrays
 torch                                           DDP comm hooks (the one module that imports torch)
@@ -22,11 +26,14 @@ commands/     python -m ringtree ...; nothing imports them
 from . import allreduce  # the module, callable as its allreduce()
 from .allreduce import Request, iallreduce
 from .buckets import GradientBucketer
+from .collectives import (allgather, broadcast, iallgather, ibroadcast, ireduce, ireduce_scatter, reduce,
+                          reduce_scatter)
 from .communicator import Communicator
 from .errors import MismatchError, PeerFailure, TimeoutError
 from .persistent import PersistentRequest, allreduce_init
 from .settings import SettingError
 from .version import __version__
 
-__all__ = ["allreduce", "iallreduce", "allreduce_init", "Request", "PersistentRequest", "Communicator",
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "ireduce_scatter", "allgather", "iallgather",
+           "broadcast", "ibroadcast", "reduce", "ireduce", "Request", "PersistentRequest", "Communicator",
            "GradientBucketer", "MismatchError", "PeerFailure", "TimeoutError", "SettingError", "__version__"]

@@ -65,12 +65,12 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             and (again.inplace or sendbuf.dtype is again.dtype)
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
         if THREADED[1]:
-            return one_caller(comm, _watched_again, again, recvbuf, confirm=_confirmed)
+            return one_caller(comm, _watched_again, again, recvbuf, confirm=confirm_end)
         outer, FIRST_IN[0] = FIRST_IN[0], again.handle  # one_caller.first_caller, inlined: marked, then
         WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): watched, inlined
         try:
             if THREADED[1]:  # THREADED read again: a second thread has called since
-                one_caller(comm, again.run, confirm=_confirmed)
+                one_caller(comm, again.run, confirm=confirm_end)
             else:
                 again.run()
         finally:
@@ -81,12 +81,12 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         return recvbuf
     if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
         return one_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
-                          confirm=_confirmed if timeout is None else partial(_confirmed, timeout=timeout))
+                          confirm=confirm_end if timeout is None else partial(confirm_end, timeout=timeout))
     return first_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
-                        confirm=_confirmed if timeout is None else partial(_confirmed, timeout=timeout))
+                        confirm=confirm_end if timeout is None else partial(confirm_end, timeout=timeout))
 
 
-def _confirmed(comm, timeout=None) -> None:
+def confirm_end(comm, timeout=None) -> None:
     """The end of a call that every rank confirms, where another thread's could have been paired with
     it (runtime/one_caller.py): a rank that found a second thread in a call ends it with its notice.
     On an array of the thread's own for the communicator, so that it takes the repeat path."""

@@ -58,8 +58,10 @@ def compile_program(program: Program) -> CompiledSchedule:
             actions.append((op.kind, op.peer, *elements(ref)))
         else:
             actions.append((op.kind, elements(op.dst), *map(elements, op.srcs)))
+    at = schedule.input_at  # where INPUT lies in OUTPUT in place: a copy from there onto itself is dropped
     in_place = [None if op.kind is OpKind.COPY and op.src.buffer == INPUT and op.dst.buffer == OUTPUT
-                and op.src.offset == op.dst.offset else action for op, action in zip(schedule.ops, actions)]
+                and at is not None and op.src.offset + at == op.dst.offset else action
+                for op, action in zip(schedule.ops, actions)]
 
     def compiled_steps(inplace):
         found = []

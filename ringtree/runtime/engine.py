@@ -323,7 +323,9 @@ class InFlight:
                 idle += 1
                 if idle % LOOK_EVERY == 0:
                     if watch is None:
-                        watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up)
+                        # MPI's own and the other collectives tell a stall: only allreduce's tags show every mismatch
+                        watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up,
+                                      announce=execution.signature.collective != "allreduce")
                     watch.look()
                 back_off(idle)
         finally:

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, GENERATORS
 from ..errors import MismatchError
 from ..ops import ReduceOp
 
@@ -44,8 +44,10 @@ LOOK_EVERY = 256  # empty polls between looks for another rank's signature
 
 _DTYPES = "?bBhHiIlLqQefdgFDG"
 _OPS = [op.value for op in ReduceOp]
-_ALGORITHMS = ["auto", *ALGORITHMS]
-_FIELDS = ("count", "dtype", "op", "algorithm", "segment")
+_ALGORITHMS = {name: ["auto", *sorted(algorithms)] for name, algorithms in GENERATORS.items()}
+_ALGORITHMS["allreduce"] = ["auto", *ALGORITHMS]
+_FIELDS = ("count", "dtype", "op", "algorithm", "segment", "collective", "root", "blocks")
+NO_OP = 15  # the op's code for a collective that reduces nothing
 
 
 class Signature(NamedTuple):
@@ -54,21 +56,34 @@ class Signature(NamedTuple):
     code: int
     count: int
     dtype: str
-    op: str
+    op: str | None
     algorithm: str
     segment: int | None
+    collective: str = "allreduce"
+    root: int | None = None  # broadcast and reduce
+    blocks: tuple[int, ...] | None = None  # reduce-scatter and allgather: each rank's count
+
+    def described(self) -> str:
+        """'12 elements of float64, sum, algorithm ring' and the like, for a message."""
+        what = f"{self.count} elements of {self.dtype}" + (f", {self.op}" if self.op else "")
+        return what + (f", root {self.root}" if self.root is not None else "") + f", algorithm {self.algorithm}"
 
 
 UNKNOWN = Signature(-1, -1, "", "", "", None)  # a call stopped before its signature was known
 
 
-def signature(count: int, dtype: np.dtype, op: str, algorithm: str, segment: int | None) -> Signature:
-    """dtype (5 bits), op (4), algorithm (3) exactly where known, count and segment hashed (4)."""
+def signature(count: int, dtype: np.dtype, op: str | None, algorithm: str, segment: int | None,
+              collective: str = "allreduce", root: int | None = None,
+              blocks: tuple[int, ...] | None = None) -> Signature:
+    """dtype (5 bits), op (4), algorithm (3) exactly where known, the rest hashed (4): count and
+    segment, and for other collectives than allreduce, which one, its root and its blocks."""
     char = dtype.char if dtype.isnative else ""
     kind = _DTYPES.index(char) if char and char in _DTYPES else 18 + _crc(dtype.str) % 14
-    hashed = _crc(f"{count},{segment}") & 15
-    code = (kind << 11) | (_OPS.index(op) << 7) | (_ALGORITHMS.index(algorithm) << 4) | hashed
-    return Signature(code, count, dtype.name, op, algorithm, segment)
+    rest = f"{count},{segment}" if collective == "allreduce" else f"{collective},{count},{segment},{root},{blocks}"
+    hashed = _crc(rest) & 15
+    code = ((kind << 11) | ((NO_OP if op is None else _OPS.index(op)) << 7)
+            | (_ALGORITHMS[collective].index(algorithm) << 4) | hashed)
+    return Signature(code, count, dtype.name, op, algorithm, segment, collective, root, blocks)
 
 
 def _crc(text: str) -> int:
@@ -256,8 +271,8 @@ def _message(state, seq: int, signature: Signature, why: str, reason: str, repor
     silent = [rank for rank in range(state.size) if rank not in everyone]
     if silent:
         differences.append(f"no signature from {ranks_text(silent)} within {GATHER_SECONDS:g} s")
-    return (f"ringtree allreduce on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree at call #{seq} "
-            f"(here {signature.count} elements of {signature.dtype}, {signature.op}, algorithm {signature.algorithm}): "
+    return (f"ringtree {signature.collective} on rank {state.rank}: the ranks of {state.comm.Get_name()} "
+            f"disagree at call #{seq} (here {signature.described()}): "
             + (" | ".join(differences) or why) + f" ({why})")
 
 

@@ -50,10 +50,12 @@ def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
     return op in MPI_OP
 
 
-def native_plan(op: ReduceOp, divide, state, count: int, dtype: np.dtype, signature: Signature) -> NativePlan:
-    """The plan of native calls of `count` elements on `state`'s communicator. Collective: every rank
-    builds it at the same call, after the ranks agree on its signature (MPI matches the collectives
-    that make it whatever the calls they belong to)."""
+def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype, signature: Signature,
+                persistent: bool = True) -> NativePlan:
+    """The plan of native calls of `count` elements on `state`'s communicator (of allreduce, or with
+    `persistent` False, of any collective: `op` None for one that reduces nothing). Collective: every
+    rank builds it at the same call, after the ranks agree on its signature (MPI matches the
+    collectives that make it whatever the calls they belong to)."""
     seq = state.calls
     mine = np.array([signature.code, count, -signature.code, -count], np.int64)
     low = np.empty_like(mine)
@@ -64,13 +66,13 @@ def native_plan(op: ReduceOp, divide, state, count: int, dtype: np.dtype, signat
     _wait(request, state, seq, signature, (comm,))
     comm.Set_name(f"{state.name} native")
     buffer = request = None
-    if count * dtype.itemsize <= PERSISTENT_MAX:
+    if persistent and count * dtype.itemsize <= PERSISTENT_MAX:
         buffer = np.empty(count, dtype)
         try:
             request = comm.Allreduce_init(MPI.IN_PLACE, buffer, MPI_OP[op])
         except NotImplementedError:  # an MPI before persistent collectives: the same on every rank
             buffer = None
-    return NativePlan(MPI_OP[op], op is ReduceOp.AVG, divide, comm, signature, buffer, request)
+    return NativePlan(None if op is None else MPI_OP[op], op is ReduceOp.AVG, divide, comm, signature, buffer, request)
 
 
 def free_plan(plan: NativePlan) -> None:
@@ -129,11 +131,15 @@ class NativeInFlight:
 
     __slots__ = ("plan", "state", "comm", "request", "seq", "source", "target", "then", "what", "done")
 
-    def __init__(self, plan: NativePlan, state, source, target, in_place: bool, then, what) -> None:
-        """`then()` runs once it is done; `what`: the call as a stall warning describes it."""
+    def __init__(self, plan: NativePlan, state, source, target, in_place: bool, then, what, start=None) -> None:
+        """`then()` runs once it is done; `what`: the call as a stall warning describes it. `start(comm)`,
+        if given, starts another collective than allreduce on the plan's communicator."""
         self.plan, self.state, self.comm, self.source, self.target = plan, state, state.comm, source, target
         self.then, self.what, self.done = then, what, False
-        self.request = plan.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
+        if start is None:
+            self.request = plan.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
+        else:
+            self.request = start(plan.comm)
         self.seq = state.calls  # counted as every call is (run_native)
         state.calls = self.seq + 1
 

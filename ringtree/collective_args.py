@@ -1,0 +1,214 @@
+"""The arguments of reduce_scatter, allgather, broadcast and reduce, checked on the calling rank before
+any message is sent, by mpi4py's rules for Reduce_scatter, Allgatherv, Bcast and Reduce: bad input raises
+TypeError or ValueError naming the rank and leaves the buffers untouched."""
+
+from __future__ import annotations
+
+import numbers
+from contextlib import nullcontext
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from . import tensors
+from .buffers import as_array
+from .ops import ReduceOp, check_dtype, parse_op
+from .runtime.backend import Backend, NoDevice, backend_for
+from .schedule.ir import Collective, blocks
+
+__all__ = ["Prepared", "prepared"]
+
+
+class Prepared(NamedTuple):
+    """A call's buffers as the engine takes them, and what the call returns."""
+
+    collective: Collective
+    count: int  # the schedule's: every block together
+    source: object  # 1-D: the schedule's INPUT (empty for a broadcast)
+    target: object  # 1-D: its OUTPUT (empty at a reduce's other ranks than the root)
+    inplace: bool  # source lies in target where the schedule's input_at says
+    backend: type[Backend]
+    reduce_op: ReduceOp | None
+    result: object  # what the call returns
+    after: object  # None, or what to do once it is done (an in-place reduce-scatter's copy of its block)
+    context: object  # entered around the call: a CUDA tensor's is torch's current stream
+
+
+def prepared(name: str, comm, *arguments) -> Prepared:
+    """The checked arguments of a call of collective `name`; TypeError or ValueError naming the rank."""
+    try:
+        return _CHECKS[name](comm.Get_rank(), comm.Get_size(), *arguments)
+    except (TypeError, ValueError, NoDevice) as error:
+        raise type(error)(f"ringtree {name} on rank {comm.Get_rank()}: {error}") from None
+
+
+def _reduce_scatter(rank, size, sendbuf, recvbuf, counts, op) -> Prepared:
+    reduce_op = parse_op(op)
+    inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
+    if inplace and recvbuf is None:
+        raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
+    source = _array(recvbuf if inplace else sendbuf, "recvbuf" if inplace else "sendbuf", writable=inplace)
+    backend = _backend(source, "sendbuf", reduce_op)
+    counts = _counts(counts, size, source.size, "sendbuf")
+    mine = counts[rank]
+    after = None
+    if inplace:  # the block goes to the start of recvbuf, where the input is still being read: by way of a copy
+        target = backend.empty(mine, source.dtype)
+        head = source[:mine]
+        after, result = (lambda: head.__setitem__(Ellipsis, target)), recvbuf
+    elif recvbuf is None:
+        target = result = _new(sendbuf, backend, (mine,), source.dtype)
+        target = _flat_of(result)
+    else:
+        target = _receiving(recvbuf, source, backend, reduce_op, mine, f"rank {rank}'s block")
+        result = recvbuf
+    return Prepared(Collective("reduce_scatter", counts), source.size, source, target, False, backend, reduce_op, result, after,
+                    _context(recvbuf if recvbuf is not None else sendbuf))
+
+
+def _allgather(rank, size, sendbuf, recvbuf, counts) -> Prepared:
+    inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
+    if inplace and recvbuf is None:
+        raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold this rank's block, but it is None")
+    if inplace:
+        target = _array(recvbuf, "recvbuf", writable=True)
+        backend = _backend(target, "recvbuf", None)
+        counts = _counts(counts, size, target.size, "recvbuf")
+        first, mine = blocks(counts)[rank]
+        source, result = target[first:first + mine], recvbuf
+    else:
+        source = _array(sendbuf, "sendbuf", writable=False)
+        backend = _backend(source, "sendbuf", None)
+        stacked = counts is None  # a new recvbuf stacks the ranks' blocks: (ranks, *sendbuf.shape)
+        counts = _counts((source.size,) * size if stacked else counts, size, None, "")
+        if counts[rank] != source.size:
+            raise ValueError(f"sendbuf has {source.size} elements but counts give rank {rank} {counts[rank]}")
+        if recvbuf is None:
+            shape = (size, *np.shape(sendbuf)) if stacked and _shaped(sendbuf) else (sum(counts),)
+            result = _new(sendbuf, backend, shape, source.dtype)
+            target = _flat_of(result)
+        else:
+            target, result = _receiving(recvbuf, source, backend, None, sum(counts), "every rank's block"), recvbuf
+    return Prepared(Collective("allgather", counts), sum(counts), source, target, inplace, backend, None, result, None,
+                    _context(recvbuf if recvbuf is not None else sendbuf))
+
+
+def _broadcast(rank, size, buf, root) -> Prepared:
+    root = _root(root, size)
+    target = _array(buf, "buf", writable=rank != root)
+    backend = _backend(target, "buf", None)
+    return Prepared(Collective("broadcast", (), root), target.size, target[:0], target, False, backend, None, buf, None,
+                    _context(buf))
+
+
+def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
+    reduce_op = parse_op(op)
+    root = _root(root, size)
+    inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
+    if inplace and rank != root:
+        raise ValueError(f"sendbuf is MPI.IN_PLACE, which only the root (rank {root}) may give")
+    if inplace and recvbuf is None:
+        raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
+    source = _array(recvbuf if inplace else sendbuf, "recvbuf" if inplace else "sendbuf", writable=inplace)
+    backend = _backend(source, "sendbuf", reduce_op)
+    collective = Collective("reduce", (), root)
+    if rank != root:  # its recvbuf, if any, is not looked at, as in MPI
+        return Prepared(collective, source.size, source, source[:0], False, backend, reduce_op, None, None, _context(sendbuf))
+    if inplace:
+        target, result = source, recvbuf
+    elif recvbuf is None:
+        result = _new(sendbuf, backend, np.shape(sendbuf) if _shaped(sendbuf) else (source.size,), source.dtype)
+        target = _flat_of(result)
+    else:
+        target, result = _receiving(recvbuf, source, backend, reduce_op, source.size, "the result"), recvbuf
+    return Prepared(collective, source.size, source, target, inplace, backend, reduce_op, result, None,
+                    _context(recvbuf if recvbuf is not None else sendbuf))
+
+
+_CHECKS = {"reduce_scatter": _reduce_scatter, "allgather": _allgather, "broadcast": _broadcast, "reduce": _reduce}
+
+
+def _array(spec, name: str, *, writable: bool):
+    array = as_array(spec, name, writable=writable)
+    if array.ndim != 1:  # a CuPy array comes as it is
+        if not array.flags.c_contiguous:
+            raise ValueError(f"{name} is not C-contiguous; pass a contiguous copy")
+        array = array.reshape(-1)
+    if writable and not (array.flags.writeable if isinstance(array, np.ndarray) else True):
+        raise ValueError(f"{name} is read-only")
+    return array
+
+
+def _backend(array, name: str, op: ReduceOp | None) -> type[Backend]:
+    backend = backend_for(array)
+    if backend is None:
+        raise TypeError(f"{name} must be an array or a buffer, got {type(array).__name__}")
+    if op is not None:
+        check_dtype(array.dtype, op)
+        backend.check(array, name, op)
+    elif array.dtype.kind not in "biufcV" and array.dtype.kind != "?":
+        raise TypeError(f"{name} has dtype {array.dtype}, which is not plain data")
+    return backend
+
+
+def _receiving(recvbuf, source, backend, op, needed: int, what: str):
+    """recvbuf as the 1-D target of `needed` elements (its first, where it has more)."""
+    target = _array(recvbuf, "recvbuf", writable=True)
+    if backend_for(target) is not backend:
+        raise TypeError(f"sendbuf is {type(source).__module__} memory but recvbuf is {type(target).__module__}'s")
+    if target.dtype != source.dtype:
+        raise TypeError(f"sendbuf has dtype {source.dtype} but recvbuf has dtype {target.dtype}")
+    if target.size < needed:
+        raise ValueError(f"recvbuf has {target.size} elements, too few for {what} ({needed})")
+    if op is not None:
+        backend.check(target, "recvbuf", op)
+    target = target[:needed]
+    if source.size and target.size and backend.aliasing(source, target) is not None:
+        raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
+    return target
+
+
+def _counts(counts, size: int, total: int | None, name: str) -> tuple[int, ...]:
+    """Each rank's count: as given (a sequence of `size` counts >= 0, adding up to `total` where that
+    is known), or, for None, `total` in equal blocks."""
+    if counts is None:
+        if total % size:
+            raise ValueError(f"{name} has {total} elements, which do not split into {size} equal blocks; "
+                             "give counts")
+        return (total // size,) * size
+    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__"):
+        raise TypeError(f"counts must be a sequence of {size} counts, got {counts!r}")
+    if len(counts) != size or not all(isinstance(c, numbers.Integral) and c >= 0 for c in counts):
+        raise ValueError(f"counts must be {size} whole numbers >= 0, one per rank, got {list(counts)!r}")
+    counts = tuple(int(c) for c in counts)
+    if total is not None and sum(counts) != total:
+        raise ValueError(f"counts add up to {sum(counts)} but {name} has {total} elements")
+    return counts
+
+
+def _root(root, size: int) -> int:
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < size:
+        raise ValueError(f"root {root!r} is not a rank of this communicator of {size}")
+    return int(root)
+
+
+def _shaped(buf) -> bool:
+    """Whether a new result may take `buf`'s shape: an array or tensor, not a buffer specification."""
+    return hasattr(buf, "shape") and not isinstance(buf, (list, tuple))
+
+
+def _new(given, backend, shape, dtype):
+    """A new result of the kind `given` is: a tensor for a tensor, else an array of the backend's."""
+    if tensors.is_tensor(given):
+        return given.new_empty(shape)
+    return backend.empty(int(np.prod(shape)), dtype).reshape(shape)
+
+
+def _flat_of(result):
+    return _array(result, "recvbuf", writable=True)
+
+
+def _context(given):
+    buf = given[0] if isinstance(given, (list, tuple)) else given
+    return tensors.stream_of(buf) if tensors.is_tensor(buf) else nullcontext()

@@ -1,0 +1,237 @@
+"""The other collectives: `reduce_scatter`, `allgather`, `broadcast` and `reduce`, and their
+nonblocking forms, in the style of `allreduce` (and of mpi4py's Reduce_scatter, Allgatherv, Bcast
+and Reduce).
+
+They run through the same schedules, engine, mismatch detection, timeouts and thread rules as
+allreduce; `auto` chooses among their algorithms and MPI's own (tuning/collectives.py). Arguments
+are checked on the calling rank before any message is sent (collective_args.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+from mpi4py import MPI
+
+from . import settings
+from .algorithms import GENERATORS
+from .allreduce import confirm_end
+from .checks import checked_timeout
+from .collective_args import Prepared, prepared
+from .ops import ReduceOp
+from .request import Request
+from .runtime import reliability
+from .runtime.compiled import CompiledSchedule, compiled
+from .runtime.engine import LOCK, Execution
+from .runtime.mismatch import Signature, signature
+from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces
+from .runtime.one_caller import first_caller, one_caller
+from .runtime.state import comm_state
+from .runtime.threads import THREADED, get_ident
+from .schedule.lower import Shape
+from .schedule.staging import is_host
+from .tuning.collectives import NATIVE, choose
+from .tuning.selector import WINDOW
+
+__all__ = ["reduce_scatter", "ireduce_scatter", "allgather", "iallgather", "broadcast", "ibroadcast", "reduce",
+           "ireduce"]
+
+_OPTIONS = """`algorithm` is "auto" or one of ringtree.algorithms.GENERATORS[collective]; `segment`
+    (bytes) overrides the pipeline's segment size; `check` and `timeout` are as for allreduce."""
+
+
+def reduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None,
+                   check=None, timeout=None):
+    """Combine `sendbuf` from every rank of `comm` with `op`; rank r gets block r of the result.
+
+    `sendbuf` holds every rank's block, in rank order, block r of `counts[r]` elements (default:
+    equal blocks, which must divide it). With sendbuf MPI.IN_PLACE, recvbuf holds the input and gets
+    the block at its start. The block goes into `recvbuf` (a new array when None), which is returned.
+    """
+    return _run("reduce_scatter", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts, op)
+
+
+def ireduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None,
+                    check=None, timeout=None) -> Request:
+    """Start a reduce_scatter and return its Request (wait() returns the block)."""
+    return _run("reduce_scatter", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts, op)
+
+
+def allgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto", segment=None, check=None,
+              timeout=None):
+    """Every rank of `comm` gets every rank's `sendbuf`, in rank order, in `recvbuf`, which is returned.
+
+    `counts[r]` is rank r's number of elements (default: every rank's is sendbuf's). With sendbuf
+    MPI.IN_PLACE, this rank's block is already in place in recvbuf. A new recvbuf (for None) has
+    shape (ranks, *sendbuf.shape) where no counts are given, else is 1-D.
+    """
+    return _run("allgather", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts)
+
+
+def iallgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto", segment=None, check=None,
+               timeout=None) -> Request:
+    """Start an allgather and return its Request (wait() returns recvbuf)."""
+    return _run("allgather", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts)
+
+
+def broadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None):
+    """Every rank of `comm` gets rank `root`'s `buf` in its own `buf`, which is returned."""
+    return _run("broadcast", True, comm, algorithm, segment, check, timeout, buf, root)
+
+
+def ibroadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None) -> Request:
+    """Start a broadcast and return its Request (wait() returns buf)."""
+    return _run("broadcast", False, comm, algorithm, segment, check, timeout, buf, root)
+
+
+def reduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="auto", segment=None, check=None,
+           timeout=None):
+    """Combine `sendbuf` from every rank of `comm` with `op` into the root's `recvbuf` (a new array
+    when None), which the root gets back; the other ranks get None (their recvbuf is not looked at).
+    With sendbuf MPI.IN_PLACE, the root's recvbuf holds its input."""
+    return _run("reduce", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
+
+
+def ireduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="auto", segment=None, check=None,
+            timeout=None) -> Request:
+    """Start a reduce and return its Request (wait() returns the result at the root, else None)."""
+    return _run("reduce", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
+
+
+for _function in (reduce_scatter, allgather, broadcast, reduce):
+    _function.__doc__ += "\n    " + _OPTIONS + "\n"
+
+
+def _run(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
+    run = (_started, name, blocking, comm, algorithm, segment, check, timeout, *buffers)
+    confirm = None if not blocking else confirm_end if timeout is None else partial(confirm_end, timeout=timeout)
+    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
+        return one_caller(comm, *run, confirm=confirm)
+    return first_caller(comm, *run, confirm=confirm)
+
+
+def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"ringtree {name}: comm must be an intracommunicator, got {comm!r}")
+    _check_options(name, comm, algorithm, segment, check)
+    call = prepared(name, comm, *buffers)
+    current = settings.current()
+    timeout = checked_timeout(timeout, comm, current.timeout)
+    state = comm_state(comm, timeout)
+    if state.broken is not None:
+        raise type(state.broken)(f"ringtree on rank {state.rank}: this communicator is unusable after: {state.broken}")
+    op = call.reduce_op.value if call.reduce_op is not None else None
+    dtype = call.source.dtype if call.source.size or not call.target.size else call.target.dtype
+    collective = call.collective
+    sign = signature(call.count, dtype, op, algorithm, segment, name, collective.root if name in ("broadcast", "reduce")
+                     else None, collective.counts or None)
+    if current.check if check is None else check:
+        described = f"{name} {algorithm}" + (f" root {sign.root}" if sign.root is not None else "")
+        reliability.agree(state, reliability.call_record(call.count, dtype, f"{op}", f"{described} {sign.blocks}"),
+                          (call.count, dtype, f"{op}", described), timeout, not THREADED[1],
+                          lambda record, low, seconds: _agreement(record, low, comm, seconds))
+    with call.context:
+        request = _launch(call, state, sign, dtype, algorithm, segment, timeout)
+        if blocking:
+            return request.wait()
+    return request
+
+
+def _check_options(name, comm, algorithm, segment, check) -> None:
+    known = GENERATORS[name]
+    error = None
+    if algorithm != "auto" and algorithm not in known:
+        error = ValueError(f"unknown {name} algorithm {algorithm!r}; use 'auto' or one of {sorted(known)}")
+    elif segment is not None and (isinstance(segment, bool) or not isinstance(segment, int) or segment < 1):
+        error = ValueError(f"segment must be a positive number of bytes, got {segment!r}")
+    elif check is not None and not isinstance(check, bool):
+        error = TypeError(f"check must be True, False or None, got {check!r}")
+    if error is not None:
+        raise type(error)(f"ringtree {name} on rank {comm.Get_rank()}: {error}")
+
+
+def _agreement(record, low, comm, seconds) -> None:
+    from .allreduce import allreduce
+    allreduce(record, low, MPI.MIN, comm=comm, check=False, algorithm="recursive_doubling", timeout=seconds)
+
+
+class CollectivePlan(NamedTuple):
+    """What every call of one shape shares: built on the first, looked up after."""
+
+    compiled: CompiledSchedule
+    backend: object
+    reduce: object
+    average: bool
+    dtype: object
+    free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
+    signature: Signature
+
+    def take_scratch(self) -> list:
+        if self.free_scratch:
+            return self.free_scratch.pop()
+        return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
+                for name, size in self.compiled.schedule.scratch]
+
+
+def _launch(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None, timeout) -> Request:
+    collective = call.collective
+    key = (collective, call.backend, algorithm, call.count, dtype, call.reduce_op, segment)
+    plan = state.plans.get(key)
+    if plan is None:
+        native_ok = call.backend.__name__ == "NumpyBackend" and (call.reduce_op is None or reduces(dtype, call.reduce_op))
+        choice = choose(collective.name, call.count * dtype.itemsize, state.size, algorithm, segment, native_ok)
+        if choice.algorithm == NATIVE:
+            if state.make_room():
+                from .runtime.again import AGAIN
+                AGAIN.clear()  # its runs may hold the plan freed
+            plan = native_plan(call.reduce_op, call.backend.divide, state, call.count, dtype, sign, persistent=False)
+        else:
+            segment_elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
+            runnable = compiled(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
+                                      call.backend.staged, False, collective))
+            reduce = call.backend.reducer(call.reduce_op) if call.reduce_op is not None else None
+            plan = CollectivePlan(runnable, call.backend, reduce, call.reduce_op is ReduceOp.AVG, dtype, [], sign)
+        state.plans[key] = plan
+    what = f"{collective.name} on rank {state.rank} of {state.name} ({sign.described()})"
+    if type(plan) is NativePlan:
+        native = NativeInFlight(plan, state, call.source, call.target, call.inplace, lambda: None, what,
+                                _native_start(call, dtype, plan.op))
+        return Request(native, call.result, call.after)
+    reduce, copy, divide = plan.backend.bind(plan.reduce) if plan.reduce is not None else (None, *_copying(plan))
+    scratch = plan.take_scratch()
+
+    def finish() -> None:
+        if plan.average:
+            divide(call.target, state.size)
+        plan.free_scratch.append(scratch)
+
+    with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
+        execution = Execution(plan.compiled, [call.source, call.target, *scratch], call.inplace, reduce, copy, state,
+                              plan.signature, finish, timeout, plan.backend.asynchronous)
+    return Request(execution, call.result, call.after)
+
+
+def _copying(plan) -> tuple:
+    """(copy, divide) of a backend, for a collective that reduces nothing."""
+    _, copy, divide = plan.backend.bind(plan.backend.reducer(ReduceOp.SUM))
+    return copy, divide
+
+
+def _native_start(call: Prepared, dtype, op):
+    """MPI's own nonblocking collective of the call, as a function of the communicator to start it on."""
+    collective, source, target = call.collective, call.source, call.target
+    name = collective.name
+    if name == "reduce_scatter":
+        return lambda comm: comm.Ireduce_scatter(source, target, list(collective.counts), op)
+    if name == "reduce":
+        sendbuf = MPI.IN_PLACE if call.inplace else source
+        return lambda comm: comm.Ireduce(sendbuf, target if comm.Get_rank() == collective.root else None, op,
+                                         collective.root)
+    size = dtype.itemsize  # these reduce nothing: as bytes, whatever the dtype
+    if name == "broadcast":
+        return lambda comm: comm.Ibcast([target.view("u1"), MPI.BYTE], collective.root)
+    counts = [c * size for c in collective.counts]
+    sendbuf = MPI.IN_PLACE if call.inplace else [source.view("u1"), MPI.BYTE]
+    return lambda comm: comm.Iallgatherv(sendbuf, [target.view("u1"), counts, MPI.BYTE])

@@ -1,0 +1,61 @@
+"""Choose an algorithm and a segment size for a reduce-scatter, allgather, broadcast or reduce: MPI's
+own is a candidate, as for allreduce. A pure function of values equal on every rank (the collective,
+its size in bytes, every block together, and the rank count), so every rank picks the same.
+
+RULES holds, per collective, the choice by size, measured with `python -m ringtree bench
+--collective NAME` (docs/collectives.md has the tables they rest on).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .online import NATIVE
+
+__all__ = ["NATIVE", "CollectiveChoice", "choose", "RULES", "SEGMENT_BYTES"]
+
+# Bytes per segment where a rule or the call gives none: pipelining pays once a message is several
+# segments long; a chain's depth is the rank count, so it takes shorter segments.
+SEGMENT_BYTES = {"chain": 256 << 10}
+SEGMENT_BYTES_OTHERWISE = 1 << 20
+
+
+class CollectiveChoice(NamedTuple):
+    algorithm: str  # a generator's name, or NATIVE
+    segment: int  # bytes per segment; 0: messages are not split
+    source: str  # why: "call" or "rules"
+
+
+# collective -> rules tried in order: (largest message in bytes or None, algorithm, segment bytes or None)
+RULES: dict[str, list[tuple[int | None, str, int | None]]] = {
+    "reduce_scatter": [(1 << 20, NATIVE, None), (None, "ring", None)],
+    "allgather": [(1 << 20, NATIVE, None), (None, "ring", None)],
+    "broadcast": [(1 << 20, NATIVE, None), (None, "scatter_allgather", None)],
+    "reduce": [(1 << 20, NATIVE, None), (None, "rabenseifner", None)],
+}
+# Where MPI's own cannot run the call (device memory, a dtype or op MPI lacks): per collective, by size.
+WITHOUT_NATIVE = {
+    "reduce_scatter": [(64 << 10, "pairwise", None), (None, "ring", None)],
+    "allgather": [(64 << 10, "bruck", None), (None, "ring", None)],
+    "broadcast": [(256 << 10, "binomial", None), (None, "scatter_allgather", None)],
+    "reduce": [(64 << 10, "binomial", None), (None, "rabenseifner", None)],
+}
+
+
+def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None,
+           native: bool = True) -> CollectiveChoice:
+    """The algorithm and segment size for `collective` of `nbytes` on `nranks` ranks; `native`: whether
+    MPI's own can run it."""
+    source = "call"
+    if algorithm == "auto":
+        source = "rules"
+        for largest, algorithm, rule_segment in (RULES if native else WITHOUT_NATIVE)[collective]:
+            if largest is None or nbytes <= largest:
+                break
+        if segment is None:
+            segment = rule_segment
+    if algorithm == NATIVE:
+        return CollectiveChoice(NATIVE, 0, source)
+    if segment is None:
+        segment = SEGMENT_BYTES.get(algorithm, SEGMENT_BYTES_OTHERWISE)
+    return CollectiveChoice(algorithm, segment if nbytes > segment else 0, source)
