@@ -26,8 +26,7 @@ commands/     python -m ringtree ...; nothing imports them
 from . import allreduce  # the module, callable as its allreduce()
 from .allreduce import Request, iallreduce
 from .buckets import GradientBucketer
-from .collectives import (allgather, broadcast, iallgather, ibroadcast, ireduce, ireduce_scatter, reduce,
-                          reduce_scatter)
+from .collectives import allgather, broadcast, iallgather, ibroadcast, ireduce, ireduce_scatter, reduce, reduce_scatter
 from .communicator import Communicator
 from .errors import MismatchError, PeerFailure, TimeoutError
 from .persistent import PersistentRequest, allreduce_init

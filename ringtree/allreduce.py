@@ -260,7 +260,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     if current.check if check is None else check:
         # Before the choice: online tuning takes its steps on the arguments the ranks agree on here.
         reliability.agree(state, reliability.call_record(target.size, dtype, reduce_op.value, algorithm),
-                          (target.size, dtype, reduce_op.value, algorithm), timeout, not THREADED[1],
+                          (target.size, dtype, reduce_op.value, algorithm, "allreduce"), timeout, not THREADED[1],
                           lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
                                                                  algorithm="recursive_doubling", timeout=seconds))
     call = trial = None

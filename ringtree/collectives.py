@@ -20,6 +20,7 @@ from .allreduce import confirm_end
 from .checks import checked_timeout
 from .collective_args import Prepared, prepared
 from .ops import ReduceOp
+from .persistent import PersistentRequest
 from .request import Request
 from .runtime import reliability
 from .runtime.compiled import CompiledSchedule, compiled
@@ -34,8 +35,8 @@ from .schedule.staging import is_host
 from .tuning.collectives import NATIVE, choose
 from .tuning.selector import WINDOW
 
-__all__ = ["reduce_scatter", "ireduce_scatter", "allgather", "iallgather", "broadcast", "ibroadcast", "reduce",
-           "ireduce"]
+__all__ = ["reduce_scatter", "ireduce_scatter", "reduce_scatter_init", "allgather", "iallgather", "allgather_init",
+           "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce", "reduce_init"]
 
 _OPTIONS = """`algorithm` is "auto" or one of ringtree.algorithms.GENERATORS[collective]; `segment`
     (bytes) overrides the pipeline's segment size; `check` and `timeout` are as for allreduce."""
@@ -99,8 +100,44 @@ def ireduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="
     return _run("reduce", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
 
 
+def reduce_scatter_init(sendbuf, recvbuf, counts=None, op=MPI.SUM, *, comm=None, algorithm="auto", check=None,
+                        timeout=None) -> PersistentRequest:
+    """A persistent reduce_scatter of these buffers (as allreduce_init is of allreduce)."""
+    return _persistent("reduce_scatter", comm, algorithm, check, timeout, sendbuf, recvbuf, counts, op)
+
+
+def allgather_init(sendbuf, recvbuf, counts=None, *, comm=None, algorithm="auto", check=None,
+                   timeout=None) -> PersistentRequest:
+    """A persistent allgather of these buffers."""
+    return _persistent("allgather", comm, algorithm, check, timeout, sendbuf, recvbuf, counts)
+
+
+def broadcast_init(buf, root=0, *, comm=None, algorithm="auto", check=None, timeout=None) -> PersistentRequest:
+    """A persistent broadcast of this buffer."""
+    return _persistent("broadcast", comm, algorithm, check, timeout, buf, root)
+
+
+def reduce_init(sendbuf, recvbuf, op=MPI.SUM, root=0, *, comm=None, algorithm="auto", check=None,
+                timeout=None) -> PersistentRequest:
+    """A persistent reduce of these buffers (recvbuf may be None on the other ranks than the root)."""
+    return _persistent("reduce", comm, algorithm, check, timeout, sendbuf, recvbuf, op, root)
+
+
 for _function in (reduce_scatter, allgather, broadcast, reduce):
     _function.__doc__ += "\n    " + _OPTIONS + "\n"
+
+
+def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRequest:
+    """The arguments checked once, here; every Start starts the nonblocking call of them."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    _check_options(name, comm, algorithm, None, check)
+    call = prepared(name, comm, *buffers)
+    needs = name in ("reduce_scatter", "allgather") or (name == "reduce" and comm.Get_rank() == call.collective.root)
+    if needs and buffers[1] is None:
+        raise ValueError(f"ringtree {name}_init on rank {comm.Get_rank()}: a persistent {name} needs recvbuf: "
+                         "the result goes there at every Wait")
+    checked_timeout(timeout, comm, None)
+    return PersistentRequest(partial(_run, name, False, comm, algorithm, None, check, timeout, *buffers), name)
 
 
 def _run(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
@@ -127,10 +164,13 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
     collective = call.collective
     sign = signature(call.count, dtype, op, algorithm, segment, name, collective.root if name in ("broadcast", "reduce")
                      else None, collective.counts or None)
-    if current.check if check is None else check:
-        described = f"{name} {algorithm}" + (f" root {sign.root}" if sign.root is not None else "")
-        reliability.agree(state, reliability.call_record(call.count, dtype, f"{op}", f"{described} {sign.blocks}"),
-                          (call.count, dtype, f"{op}", described), timeout, not THREADED[1],
+    # Ranks that differ on the root may each send and none receive: a wrong result that no message
+    # shows. So a rooted call compares its arguments first unless the caller says check=False.
+    if (current.check if check is None else check) or (sign.root is not None and check is None):
+        described = name + (f" root {sign.root}" if sign.root is not None else "") + (
+            f" blocks {list(sign.blocks)}" if sign.blocks else "")
+        reliability.agree(state, reliability.call_record(call.count, dtype, f"{op}", algorithm, described),
+                          (call.count, dtype, f"{op}", algorithm, described), timeout, not THREADED[1],
                           lambda record, low, seconds: _agreement(record, low, comm, seconds))
     with call.context:
         request = _launch(call, state, sign, dtype, algorithm, segment, timeout)

@@ -1,25 +1,34 @@
-"""`Communicator`: an mpi4py intracommunicator whose Allreduce, Iallreduce and Allreduce_init run on ringtree."""
+"""`Communicator`: an mpi4py intracommunicator whose Allreduce, Reduce_scatter_block, Reduce_scatter,
+Allgather, Allgatherv, Bcast and Reduce (and their I… and …_init forms) run on ringtree."""
 
 from __future__ import annotations
 
 from mpi4py import MPI
 
+from . import collectives
 from .allreduce import allreduce, iallreduce
+from .debug import configure_debug_logging, log
+from .mpi_style import MPIOwn, translated
 from .persistent import PersistentRequest, allreduce_init
 from .request import MPIRequest, Request
 
 __all__ = ["Communicator"]
 
+# ringtree's functions per collective: blocking, nonblocking, persistent
+_FORMS = {name: (getattr(collectives, name), getattr(collectives, "i" + name), getattr(collectives, name + "_init"))
+          for name in ("reduce_scatter", "allgather", "broadcast", "reduce")}
+
 
 class Communicator(MPI.Intracomm):
-    """An `MPI.Intracomm` (the same communicator, not a copy) whose allreduces run on ringtree.
+    """An `MPI.Intracomm` (the same communicator, not a copy) whose allreduces, reduce-scatters,
+    allgathers, broadcasts and reduces run on ringtree.
 
     Usable wherever mpi4py takes a communicator; every other method is mpi4py's own, and the
     communicators that Dup, Clone, Split, Create, Create_group and Split_type make are wrapped
-    too. The buffers are whatever mpi4py's Allreduce takes (buffers.py); what ringtree does not
-    reduce (a user-defined op, MAXLOC, a derived datatype) goes to MPI's own. `check` and `timeout`
-    apply to every call (as allreduce's arguments of those names; None: RINGTREE_CHECK,
-    RINGTREE_TIMEOUT) and pass to the communicators made from this one.
+    too. The buffers are whatever mpi4py's methods take (buffers.py); what ringtree does not
+    compute (a user-defined op, MAXLOC, a derived datatype, Allgatherv's displacements with gaps)
+    goes to MPI's own. `check` and `timeout` apply to every call (as allreduce's arguments of those
+    names; None: RINGTREE_CHECK, RINGTREE_TIMEOUT) and pass to the communicators made from this one.
     """
 
     check: bool | None = None
@@ -58,6 +67,88 @@ class Communicator(MPI.Intracomm):
                        algorithm="auto") -> PersistentRequest:
         return allreduce_init(sendbuf, recvbuf, op, comm=self, algorithm=algorithm, check=self.check,
                               timeout=self.timeout)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> None:
+        self._call(0, "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> MPIRequest | Request:
+        return self._call(1, "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,
+                                  algorithm="auto") -> PersistentRequest:
+        return self._call(2, "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto") -> None:
+        self._call(0, "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,
+                        algorithm="auto") -> MPIRequest | Request:
+        return self._call(1, "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, info=MPI.INFO_NULL, *,
+                            algorithm="auto") -> PersistentRequest:
+        return self._call(2, "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
+
+    def Allgather(self, sendbuf, recvbuf, *, algorithm="auto") -> None:
+        self._call(0, "Allgather", algorithm, sendbuf, recvbuf)
+
+    def Iallgather(self, sendbuf, recvbuf, *, algorithm="auto") -> MPIRequest | Request:
+        return self._call(1, "Allgather", algorithm, sendbuf, recvbuf)
+
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
+        return self._call(2, "Allgather", algorithm, sendbuf, recvbuf)
+
+    def Allgatherv(self, sendbuf, recvbuf, *, algorithm="auto") -> None:
+        self._call(0, "Allgatherv", algorithm, sendbuf, recvbuf)
+
+    def Iallgatherv(self, sendbuf, recvbuf, *, algorithm="auto") -> MPIRequest | Request:
+        return self._call(1, "Allgatherv", algorithm, sendbuf, recvbuf)
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
+        return self._call(2, "Allgatherv", algorithm, sendbuf, recvbuf)
+
+    def Bcast(self, buf, root=0, *, algorithm="auto") -> None:
+        self._call(0, "Bcast", algorithm, buf, root)
+
+    def Ibcast(self, buf, root=0, *, algorithm="auto") -> MPIRequest | Request:
+        return self._call(1, "Bcast", algorithm, buf, root)
+
+    def Bcast_init(self, buf, root=0, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
+        return self._call(2, "Bcast", algorithm, buf, root)
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto") -> None:
+        self._call(0, "Reduce", algorithm, sendbuf, recvbuf, op, root)
+
+    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto") -> MPIRequest | Request:
+        return self._call(1, "Reduce", algorithm, sendbuf, recvbuf, op, root)
+
+    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=MPI.INFO_NULL, *,
+                    algorithm="auto") -> PersistentRequest:
+        return self._call(2, "Reduce", algorithm, sendbuf, recvbuf, op, root)
+
+    def _call(self, form: int, method: str, algorithm: str, *arguments):
+        """mpi4py's `method` on ringtree, or MPI's own where ringtree does not compute it: blocking
+        (form 0, returns None), nonblocking (1: a request) or persistent (2)."""
+        try:
+            call = translated(method, self, *arguments)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"ringtree {method} on rank {self.Get_rank()}: {error}") from None
+        if call.name is None:
+            configure_debug_logging(MPI.COMM_WORLD.Get_rank())
+            log.info("%s passed through to MPI's own: ringtree does not compute %s", method, call.why)
+            if form == 2:
+                return getattr(MPI.Intracomm, method + "_init")(self, *arguments)
+            started = getattr(MPI.Intracomm, "I" + method[0].lower() + method[1:])
+            request = Request(MPIOwn(self, lambda: started(self, *arguments)), None)
+        else:
+            run = _FORMS[call.name][form]
+            request = run(*call.arguments, comm=self, algorithm=algorithm, check=self.check, timeout=self.timeout)
+            if form != 1:
+                return None if form == 0 else request
+        if form == 0:
+            request.wait()
+            return None
+        return request if MPI.Query_thread() < MPI.THREAD_MULTIPLE else MPIRequest(request)
 
     def _wrapped(self, comm):
         if not comm:  # COMM_NULL: Split's answer to a rank of color UNDEFINED

@@ -1,4 +1,5 @@
-"""Persistent allreduce: `allreduce_init`, mpi4py's `Allreduce_init` on ringtree."""
+"""Persistent collectives: `allreduce_init` (mpi4py's `Allreduce_init` on ringtree), and the
+PersistentRequest that the other collectives' `…_init` return too."""
 
 from __future__ import annotations
 
@@ -30,28 +31,32 @@ def allreduce_init(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto",
         raise type(error)(f"ringtree allreduce_init on rank {comm.Get_rank()}: {error}") from None
     checked(call.send, call.recv, op, comm, algorithm, None)
     checked_timeout(timeout, comm, None)
-    return PersistentRequest(call, op, dict(comm=comm, algorithm=algorithm, check=check, timeout=timeout))
+
+    def start():
+        with call.context:
+            return iallreduce(call.send, call.recv, op, comm=comm, algorithm=algorithm, check=check, timeout=timeout)
+    return PersistentRequest(start)
 
 
 class PersistentRequest:
-    """A persistent allreduce (allreduce_init): inactive until Start, active until Wait or a Test that
-    says it is done; mpi4py's names and its lowercase ones."""
+    """A persistent collective (allreduce_init and the like): inactive until Start, active until Wait
+    or a Test that says it is done; mpi4py's names and its lowercase ones. `start()` starts a call
+    of it and returns its Request."""
 
-    __slots__ = ("_call", "_op", "_arguments", "_active", "_freed")
+    __slots__ = ("_start", "_name", "_active", "_freed")
 
-    def __init__(self, call, op, arguments: dict) -> None:
-        self._call, self._op, self._arguments = call, op, arguments
+    def __init__(self, start, name: str = "allreduce") -> None:
+        self._start, self._name = start, name
         self._active = None  # the Request of the call started, while one is
         self._freed = False
 
     def Start(self) -> None:
         if self._freed:
-            raise ValueError("ringtree persistent allreduce: Start after Free")
+            raise ValueError(f"ringtree persistent {self._name}: Start after Free")
         if self._active is not None:
-            raise ValueError("ringtree persistent allreduce: Start while the call started before is active; "
+            raise ValueError(f"ringtree persistent {self._name}: Start while the call started before is active; "
                              "Wait for it first")
-        with self._call.context:
-            self._active = iallreduce(self._call.send, self._call.recv, self._op, **self._arguments)
+        self._active = self._start()
 
     def Wait(self, status: MPI.Status | None = None) -> bool:
         """Wait for the call started (at once if none is); the result is in recvbuf."""
@@ -67,7 +72,7 @@ class PersistentRequest:
 
     def Free(self) -> None:
         if self._active is not None:
-            raise ValueError("ringtree persistent allreduce: Free while a call is active; Wait for it first")
+            raise ValueError(f"ringtree persistent {self._name}: Free while a call is active; Wait for it first")
         self._freed = True
 
     start, wait, test, free = Start, Wait, Test, Free

@@ -38,47 +38,51 @@ GRACE_SECONDS = 0.5
 ANSWER_EVERY_SECONDS = 0.005
 
 
-_FIELDS = ("count", "dtype", "op", "algorithm", "call number")
+_FIELDS = ("count", "dtype", "op", "algorithm", "collective", "call number")
+_SEQ = len(_FIELDS) - 1
 
 
-def call_record(count: int, dtype, op: str, algorithm: str) -> np.ndarray:
-    """What check mode compares, as int64 codes, then their negations (the call number goes in at 4
-    and 9): a MIN allreduce of it gives every field's minimum and maximum at once. Then as many
-    elements again, for the result."""
-    codes = np.array([count, _code(dtype.str), _code(op), _code(algorithm), 0], np.int64)
-    return np.concatenate([codes, -codes, np.zeros(10, np.int64)])
+def call_record(count: int, dtype, op: str, algorithm: str, collective: str = "allreduce") -> np.ndarray:
+    """What check mode compares, as int64 codes, then their negations (the call number goes in last
+    of each): a MIN allreduce of it gives every field's minimum and maximum at once. Then as many
+    elements again, for the result. `collective`: its name, root and blocks, for another than allreduce."""
+    codes = np.array([count, _code(dtype.str), _code(op), _code(algorithm), _code(collective), 0], np.int64)
+    return np.concatenate([codes, -codes, np.zeros(2 * len(_FIELDS), np.int64)])
 
 
 def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blocking: bool, ringtree_allreduce) -> None:
     """Raise MismatchError on every rank unless all ranks make this call with the same arguments.
 
-    `record` is call_record's for this call, `call` its (count, dtype, op, algorithm) for the message.
+    `record` is call_record's for this call, `call` its (count, dtype, op, algorithm, collective)
+    for the message.
     With a timeout the comparison runs through ringtree (`ringtree_allreduce(sendbuf, recvbuf,
     timeout)`, MIN over int64), so that a rank that does not come is named, and so it does where the
     call may not wait inside MPI (not `blocking`: other threads call ringtree); else through MPI's
     own Allreduce on the private communicator, the fastest way."""
     seq = state.calls  # the same on all ranks if they made as many ringtree calls
-    record[4], record[9] = seq, -seq
-    mine, low = record[:10], record[10:]
-    count, dtype, op, algorithm = call
+    fields = len(_FIELDS)
+    record[_SEQ], record[fields + _SEQ] = seq, -seq
+    mine, low = record[:2 * fields], record[2 * fields:]
+    count, dtype, op, algorithm, collective = call
+    name = collective.split()[0]
     if timeout is None and blocking:
         watched(partial(state.comm.Allreduce, mine, low, MPI.MIN),
-                f"allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
-                f"{op}, algorithm {algorithm}), in check mode's comparison of the ranks' arguments")
+                f"{name} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
+                f"{op}, algorithm {algorithm}), in the comparison of the ranks' arguments")
     else:
         try:
             ringtree_allreduce(mine, low, timeout)
         except TimeoutError as error:  # said of the user's call, not of the comparison's own allreduce
             state.broken = TimeoutError(
-                f"ringtree allreduce on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
-                f"{op}, algorithm {algorithm}): not every rank came to check mode's comparison of this call's "
+                f"ringtree {name} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
+                f"{op}, algorithm {algorithm}): not every rank came to the comparison of this call's "
                 f"arguments (ringtree call #{seq}) within {timeout:g} s"
                 + _whereabouts(error.missing, error.elsewhere), error.missing, error.elsewhere)
             raise state.broken from None
     smallest = low.tolist()
-    if smallest[:5] == [-value for value in smallest[5:]]:
+    if smallest[:fields] == [-value for value in smallest[fields:]]:
         return
-    everyone = state.comm.allgather((count, dtype.name, op, algorithm, seq))  # rare: who differs, for the message
+    everyone = state.comm.allgather((count, dtype.name, op, algorithm, collective, seq))  # rare: who differs
     differences = []
     for k, field in enumerate(_FIELDS):
         holders: dict = {}
@@ -86,7 +90,7 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
             holders.setdefault(value[k], []).append(rank)
         if len(holders) > 1:
             differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
-    raise MismatchError(f"ringtree allreduce on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree "
+    raise MismatchError(f"ringtree {name} on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree "
                         f"at call #{seq}: " + " | ".join(differences))
 
 

@@ -49,9 +49,9 @@ def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", s
     source = "call"
     if algorithm == "auto":
         source = "rules"
-        for largest, algorithm, rule_segment in (RULES if native else WITHOUT_NATIVE)[collective]:
-            if largest is None or nbytes <= largest:
-                break
+        rules = (RULES if native else WITHOUT_NATIVE)[collective]
+        algorithm, rule_segment = next((name, size) for largest, name, size in rules
+                                       if largest is None or nbytes <= largest)
         if segment is None:
             segment = rule_segment
     if algorithm == NATIVE:

@@ -1,0 +1,331 @@
+"""reduce_scatter, allgather, broadcast and reduce against MPI's own on the same inputs, exactly: every
+algorithm x every dtype and op; counts 0, 1, N±1, primes, more than a segment, uneven blocks with zeros;
+every root; in place where MPI allows; blocking, nonblocking and persistent; every kind of buffer the
+allreduce takes, through ringtree.Communicator; and bad input, refused before any message."""
+
+import array
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from test_mpi4py_buffers import DLPackOnly
+
+import ringtree
+from conftest import assert_everywhere, same_on_all_ranks
+from ringtree.algorithms import GENERATORS
+from ringtree.ops import ReduceOp, check_dtype, parse_op
+from ringtree.runtime.backend import NumpyBackend
+from ringtree.runtime.native import reduces
+
+pytestmark = pytest.mark.mpi
+
+ALGORITHMS = {name: ["auto", *sorted(GENERATORS[name])] for name in ("reduce_scatter", "allgather", "broadcast",
+                                                                      "reduce")}
+TYPECODES = "?bBhHiIlLqQefdgFDG"
+OPS = [MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN, MPI.LAND, MPI.LOR, MPI.LXOR, MPI.BAND, MPI.BOR, MPI.BXOR, "avg"]
+SEGMENT = 64  # bytes: a call of more than 8 float64 is pipelined
+
+
+def _ops_for(dtype):
+    found = []
+    for op in OPS:
+        try:
+            check_dtype(dtype, parse_op(op))
+        except TypeError:
+            continue
+        found.append(op)
+    return found
+
+
+def _values(count, dtype, rank, op=None):
+    """Small integers (a PROD of ones and twos), so that every order of the reduction gives the same."""
+    rng = np.random.default_rng(1000 * rank + count)
+    if op is MPI.PROD:
+        values = 1 + (rng.random(count) < 0.1)
+    elif dtype.kind == "b":
+        values = rng.random(count) < 0.5
+    else:
+        values = rng.integers(0 if dtype.kind == "u" else -4, 5, count)
+    return np.asarray(values).astype(dtype)
+
+
+def _everyone(comm, array_):
+    return np.array(comm.allgather(array_)).reshape(comm.size, -1)
+
+
+def _reduced(comm, x, op):
+    """The total of every rank's x with op, by MPI where it reduces the dtype, else by numpy."""
+    reduce_op = parse_op(op)
+    if reduces(x.dtype, reduce_op):
+        total = np.empty_like(x)
+        comm.Allreduce(x, total, ringtree.ops.MPI_OP[reduce_op])
+    else:  # float16, and avg's sum: numpy over every rank's input, in rank order
+        total = _everyone(comm, x)[0].copy()
+        for other in _everyone(comm, x)[1:]:
+            total = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
+                     ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}[reduce_op](total, other).astype(x.dtype)
+    if reduce_op is ReduceOp.AVG:
+        NumpyBackend.divide(total, comm.size)
+    return total
+
+
+def _blocks(comm, per_rank):
+    starts = np.concatenate([[0], np.cumsum(per_rank)])
+    return [slice(starts[r], starts[r + 1]) for r in range(comm.size)]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["reduce_scatter"])
+def test_reduce_scatter_of_every_dtype_and_op(comm, algorithm):
+    counts = [comm.size + 1] * comm.size
+    for typecode in TYPECODES:
+        dtype = np.dtype(typecode)
+        for op in _ops_for(dtype):
+            x = _values(sum(counts), dtype, comm.rank, op)
+            got = ringtree.reduce_scatter(x, counts=counts, op=op, comm=comm, algorithm=algorithm)
+            assert np.array_equal(got, _reduced(comm, x, op)[_blocks(comm, counts)[comm.rank]]), (typecode, op)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["reduce"])
+def test_reduce_of_every_dtype_and_op(comm, algorithm):
+    root = comm.size - 1
+    for typecode in TYPECODES:
+        dtype = np.dtype(typecode)
+        for op in _ops_for(dtype):
+            x = _values(comm.size + 1, dtype, comm.rank, op)
+            expected = _reduced(comm, x, op)
+            got = ringtree.reduce(x, op=op, root=root, comm=comm, algorithm=algorithm)
+            assert (got is None) == (comm.rank != root)
+            assert comm.rank != root or np.array_equal(got, expected), (typecode, op)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["allgather"])
+def test_allgather_of_every_dtype(comm, algorithm):
+    for typecode in TYPECODES:
+        x = _values(comm.size + 1, np.dtype(typecode), comm.rank)
+        got = ringtree.allgather(x, comm=comm, algorithm=algorithm)
+        assert np.array_equal(got, _everyone(comm, x)), typecode
+        assert same_on_all_ranks(comm, got)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["broadcast"])
+def test_broadcast_of_every_dtype(comm, algorithm):
+    for typecode in TYPECODES:
+        x = _values(comm.size + 1, np.dtype(typecode), 0)
+        buf = x.copy() if comm.rank == 0 else np.zeros_like(x)
+        assert ringtree.broadcast(buf, comm=comm, algorithm=algorithm) is buf
+        assert np.array_equal(buf, x), typecode
+
+
+def _sizes(comm):
+    """Counts per rank: 0, 1, N-1, N+1, primes, more than a segment."""
+    return sorted({0, 1, comm.size - 1, comm.size + 1, 13, 97})
+
+
+def _uneven(comm):
+    return [(0, 1, 5, 0, 17, 2, 3, 11)[r % 8] for r in range(comm.size)]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["reduce_scatter"])
+@pytest.mark.parametrize("segment", [None, SEGMENT])
+def test_reduce_scatter_of_every_count_in_place_and_not(comm, algorithm, segment):
+    for counts in [[n] * comm.size for n in _sizes(comm)] + [_uneven(comm)]:
+        x = _values(sum(counts), np.dtype(np.int64), comm.rank)
+        expected = np.empty(counts[comm.rank], np.int64)
+        comm.Reduce_scatter(x, expected, counts)
+        options = dict(comm=comm, algorithm=algorithm, segment=segment)
+        assert np.array_equal(ringtree.reduce_scatter(x, counts=counts, **options), expected)
+        assert np.array_equal(ringtree.ireduce_scatter(x, counts=counts, **options).wait(), expected)
+        inplace = x.copy()
+        assert ringtree.reduce_scatter(MPI.IN_PLACE, inplace, counts, **options) is inplace
+        assert np.array_equal(inplace[:counts[comm.rank]], expected), counts
+        assert np.array_equal(inplace[counts[comm.rank]:], x[counts[comm.rank]:])  # the rest as it was
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["allgather"])
+@pytest.mark.parametrize("segment", [None, SEGMENT])
+def test_allgather_of_every_count_in_place_and_not(comm, algorithm, segment):
+    for counts in [[n] * comm.size for n in _sizes(comm)] + [_uneven(comm)]:
+        mine = _values(counts[comm.rank], np.dtype(np.float64), comm.rank)
+        expected = np.empty(sum(counts))
+        comm.Allgatherv(mine, [expected, counts])
+        options = dict(comm=comm, algorithm=algorithm, segment=segment)
+        assert np.array_equal(ringtree.allgather(mine, counts=counts, **options), expected)
+        assert np.array_equal(ringtree.iallgather(mine, None, counts, **options).wait(), expected)
+        inplace = np.full(sum(counts), np.nan)
+        inplace[_blocks(comm, counts)[comm.rank]] = mine
+        assert np.array_equal(ringtree.allgather(MPI.IN_PLACE, inplace, counts, **options), expected), counts
+        assert same_on_all_ranks(comm, inplace)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["broadcast"])
+@pytest.mark.parametrize("segment", [None, SEGMENT])
+def test_broadcast_from_every_root_of_every_count(comm, algorithm, segment):
+    for root in range(comm.size):
+        for count in _sizes(comm):
+            x = _values(count, np.dtype(np.float32), root)
+            expected = x.copy() if comm.rank == root else np.zeros_like(x)
+            comm.Bcast(expected, root)
+            options = dict(comm=comm, algorithm=algorithm, segment=segment)
+            buf = x.copy() if comm.rank == root else np.zeros_like(x)
+            ringtree.broadcast(buf, root, **options)
+            assert np.array_equal(buf, expected), (root, count)
+            buf = x.copy() if comm.rank == root else np.zeros_like(x)
+            assert ringtree.ibroadcast(buf, root, **options).wait() is buf
+            assert np.array_equal(buf, expected)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS["reduce"])
+@pytest.mark.parametrize("segment", [None, SEGMENT])
+def test_reduce_to_every_root_of_every_count_in_place_and_not(comm, algorithm, segment):
+    for root in range(comm.size):
+        for count in _sizes(comm):
+            x = _values(count, np.dtype(np.int32), comm.rank)
+            expected = np.empty_like(x) if comm.rank == root else None
+            comm.Reduce(x, expected, MPI.SUM, root)
+            options = dict(comm=comm, algorithm=algorithm, segment=segment)
+            got = ringtree.reduce(x, None, MPI.SUM, root, **options)
+            assert (got is None if comm.rank != root else np.array_equal(got, expected)), (root, count)
+            got = ringtree.ireduce(x, None, MPI.SUM, root, **options).wait()
+            assert comm.rank != root or np.array_equal(got, expected)
+            inplace = x.copy()
+            ringtree.reduce(MPI.IN_PLACE if comm.rank == root else inplace, inplace, MPI.SUM, root, **options)
+            assert np.array_equal(inplace, expected if comm.rank == root else x)
+
+
+def _kinds(typecode):
+    """(kind, make a buffer of it from a numpy array of values), as test_mpi4py_buffers makes them."""
+    return [
+        ("numpy", lambda a: a),
+        ("numpy, Fortran order", lambda a: np.asfortranarray(a.reshape(-1, 2))),
+        ("buffer protocol only", memoryview),
+        ("DLPack only", DLPackOnly),
+        ("array.array", lambda a: array.array(typecode, a.tolist())),
+        ("[buf, datatype]", lambda a: [a, MPI.Datatype.fromcode(typecode)]),
+    ]
+
+
+def _held(buf, dtype):
+    if isinstance(buf, list):
+        buf = buf[0]
+    if isinstance(buf, DLPackOnly):
+        buf = buf._array
+    return np.asarray(buf).ravel(order="K").view(dtype)
+
+
+@pytest.mark.parametrize("typecode", "id")
+def test_every_kind_of_buffer_through_the_communicator(comm, typecode):
+    """Each method against MPI's own of the same name, on the same inputs."""
+    rt, dtype, n = ringtree.Communicator(comm), np.dtype(typecode), comm.size
+    block = 4  # elements per rank: an even number, for the Fortran-ordered kind
+    for kind, make in _kinds(typecode):
+        sent = make(_values(block * n, dtype, comm.rank))
+        x = _held(sent, dtype).copy()  # what MPI reads: the values in memory order
+        ours, theirs = make(np.zeros(block, dtype)), np.zeros(block, dtype)
+        rt.Reduce_scatter_block(sent, ours)
+        comm.Reduce_scatter_block(x, theirs)
+        assert np.array_equal(_held(ours, dtype), theirs), kind
+        ours, theirs = make(np.zeros(block * n, dtype)), np.zeros(block * n, dtype)
+        rt.Allgather(make(x[:block].copy()), ours)
+        comm.Allgather(_held(make(x[:block].copy()), dtype).copy(), theirs)
+        assert np.array_equal(_held(ours, dtype), theirs), kind
+        ours = make(x.copy() if comm.rank == 0 else np.zeros_like(x))
+        theirs = _held(ours, dtype).copy()
+        rt.Bcast(ours, 0)
+        comm.Bcast(theirs, 0)
+        assert np.array_equal(_held(ours, dtype), theirs), kind
+        ours, theirs = make(np.zeros_like(x)), np.zeros_like(x)
+        rt.Reduce(sent, ours, MPI.SUM, 0)
+        comm.Reduce(x, theirs, MPI.SUM, 0)
+        assert comm.rank != 0 or np.array_equal(_held(ours, dtype), theirs), kind
+
+
+def test_the_communicator_s_nonblocking_and_persistent_forms(comm):
+    rt, n = ringtree.Communicator(comm), comm.size
+    counts = _uneven(comm)
+    x = _values(sum(counts), np.dtype(np.int64), comm.rank)
+    expected = np.empty(counts[comm.rank], np.int64)
+    comm.Reduce_scatter(x, expected, counts)
+    got = np.zeros_like(expected)
+    MPI.Request.Waitall([rt.Ireduce_scatter(x, got, counts)])
+    assert np.array_equal(got, expected)
+    gathered, theirs = np.zeros(sum(counts), np.int64), np.zeros(sum(counts), np.int64)
+    comm.Allgatherv(x[:counts[comm.rank]], [theirs, counts])
+    persistent = rt.Allgatherv_init(x[:counts[comm.rank]], [gathered, counts])
+    buf = np.zeros(5)
+    broadcasts = rt.Bcast_init(buf, n - 1)
+    for round_ in range(3):
+        gathered[:] = -1
+        persistent.Start()
+        buf[:] = round_ if comm.rank == n - 1 else -1
+        broadcasts.Start()
+        persistent.Wait()
+        broadcasts.Wait()
+        assert np.array_equal(gathered, theirs) and np.array_equal(buf, np.full(5, round_))
+    persistent.Free()
+    broadcasts.Free()
+
+
+def test_what_ringtree_does_not_compute_goes_to_mpi_s_own(comm):
+    rt = ringtree.Communicator(comm)
+    pairs = np.dtype([("v", "f8"), ("i", "i4")], align=True)
+    mine = np.array([(float(comm.rank % 2), comm.rank)], pairs)
+    ours = np.zeros(1, pairs)
+    rt.Reduce([mine, MPI.DOUBLE_INT], [ours, MPI.DOUBLE_INT], MPI.MAXLOC, 0)
+    assert comm.rank != 0 or tuple(ours[0]) == (float(comm.size > 1), 1 if comm.size > 1 else 0)
+    # Displacements with a gap: MPI's own lays the blocks out
+    gathered = np.full(3 * comm.size, -1.0)
+    rt.Allgatherv(np.full(2, float(comm.rank)), [gathered, ([2] * comm.size, list(range(0, 3 * comm.size, 3))), MPI.DOUBLE])
+    assert np.array_equal(gathered.reshape(-1, 3)[:, :2], np.repeat(np.arange(comm.size), 2).reshape(-1, 2))
+
+
+def _read_only(count):
+    array = np.zeros(count)
+    array.setflags(write=False)
+    return array
+
+
+BAD = [
+    ("a root out of range", lambda comm, x: ringtree.broadcast(x, comm.size, comm=comm), ValueError,
+     "ringtree broadcast on rank {rank}: root {size} is not a rank"),
+    ("counts that do not add up", lambda comm, x: ringtree.reduce_scatter(x, counts=[1] * comm.size, comm=comm),
+     ValueError, r"ringtree reduce_scatter on rank {rank}: counts add up to {size} but sendbuf has 64 elements"),
+    ("blocks that do not divide", lambda comm, x: ringtree.reduce_scatter(x[:comm.size + 1], comm=comm) if comm.size > 1
+     else ringtree.reduce_scatter(x, counts=[2], comm=comm), ValueError, "ringtree reduce_scatter on rank {rank}:"),
+    ("a recvbuf too small", lambda comm, x: ringtree.allgather(x, np.zeros(comm.size * 64 - 1), comm=comm),
+     ValueError, r"recvbuf has \d+ elements, too few for every rank's block"),
+    ("a read-only recvbuf", lambda comm, x: ringtree.reduce(x, _read_only(64), comm=comm) if comm.rank == 0
+     else ringtree.reduce(x, root=-1, comm=comm), ValueError, "ringtree reduce on rank {rank}: (recvbuf is read-only|root)"),
+    ("IN_PLACE at a rank other than the root", lambda comm, x: ringtree.reduce(MPI.IN_PLACE, x, root=1, comm=comm)
+     if comm.rank != 1 % comm.size else ringtree.reduce(MPI.IN_PLACE, x, root=comm.size + 1, comm=comm), ValueError,
+     "ringtree reduce on rank {rank}:"),
+    ("an op on a dtype it is not defined on", lambda comm, x: ringtree.reduce_scatter(
+        x.astype(np.float32), counts=[64] + [0] * (comm.size - 1), op=MPI.BAND, comm=comm), TypeError,
+     "op band is not defined for dtype float32"),
+    ("an unknown algorithm", lambda comm, x: ringtree.allgather(x, comm=comm, algorithm="ring_of_fire"), ValueError,
+     "unknown allgather algorithm 'ring_of_fire'"),
+]
+
+
+@pytest.mark.parametrize("what,call,error,message", BAD, ids=[case[0] for case in BAD])
+def test_bad_input_is_refused_before_any_message_and_buffers_are_left_alone(comm, what, call, error, message):
+    x = np.arange(64, dtype=np.float64)
+    with pytest.raises(error, match=message.format(rank=comm.rank, size=comm.size)):
+        call(comm, x)
+    assert np.array_equal(x, np.arange(64, dtype=np.float64))
+    comm.Barrier()  # no rank sent anything: the next call is unaffected
+    assert np.array_equal(ringtree.allgather(np.array([comm.rank]), comm=comm).ravel(), np.arange(comm.size))
+
+
+def test_ranks_that_disagree_on_the_root_all_get_an_error(comm):
+    if comm.size < 2:
+        pytest.skip("needs two ranks to disagree")
+    local = comm.Dup()
+    failures = []
+    try:
+        ringtree.broadcast(np.zeros(8), root=0 if comm.rank == 0 else 1, comm=local, timeout=30)
+        failures.append("no error")
+    except ringtree.MismatchError as error:
+        if f"ringtree broadcast on rank {comm.rank}" not in str(error) or "'broadcast root 0' on rank 0" not in str(
+                error):
+            failures.append(str(error))
+    assert_everywhere(comm, failures)
