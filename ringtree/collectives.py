@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 from typing import NamedTuple
 
+import numpy as np
 from mpi4py import MPI
 
 from . import settings
@@ -23,10 +24,12 @@ from .ops import ReduceOp
 from .persistent import PersistentRequest
 from .request import Request
 from .runtime import reliability
+from .runtime.again import AGAIN
+from .runtime.backend import NumpyBackend
 from .runtime.compiled import CompiledSchedule, compiled
 from .runtime.engine import LOCK, Execution
 from .runtime.mismatch import Signature, signature
-from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces
+from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_started
 from .runtime.one_caller import first_caller, one_caller
 from .runtime.state import comm_state
 from .runtime.threads import THREADED, get_ident
@@ -150,6 +153,67 @@ def _run(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
 
 def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
     comm = MPI.COMM_WORLD if comm is None else comm
+    key = _repeat_key(name, comm, algorithm, segment, check, timeout, buffers)
+    repeat = _REPEATS.get(key) if key is not None else None
+    if repeat is None or not all(array.flags.writeable for array in repeat.written):
+        repeat = _first(name, comm, algorithm, segment, check, timeout, buffers, key)  # agreed already
+    else:
+        if repeat.state.broken is not None:
+            raise type(repeat.state.broken)(f"ringtree on rank {repeat.state.rank}: this communicator is unusable "
+                                            f"after: {repeat.state.broken}")
+        _agree(repeat, comm)
+    call, state = repeat.call, repeat.state
+    with call.context:
+        if blocking and repeat.native is not None:  # MPI's own, waited for here: no Request to make
+            run_started(repeat.plan, state, repeat.native, call.target, repeat.what)
+            if call.after is not None:
+                call.after()
+            return call.result
+        request = _start(call, state, repeat, repeat.timeout)
+        if blocking:
+            return request.wait()
+    return request
+
+
+class _Repeat(NamedTuple):
+    """What a call shares with the calls after it on the same arguments: looked up, not rebuilt."""
+
+    arguments: tuple  # the caller's, held so that their ids in the key stay theirs
+    written: tuple  # the caller's arrays the call writes: still writable?
+    call: Prepared
+    state: object
+    signature: Signature
+    dtype: object
+    plan: object
+    native: object  # for a native plan: start(comm), MPI's own nonblocking collective of the call; else None
+    what: str  # the call as a stall warning names it
+    timeout: float | None
+    agreement: tuple | None  # (record, call, what) for reliability.agree, where the ranks compare the call first
+
+
+_REPEATS: dict = {}
+_REPEATS_MAX = 64
+
+
+def _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
+    """The key of a call whose arrays are numpy's own and whose other arguments are plain values;
+    None for any other (a new result each time, tensors, buffer specifications)."""
+    parts = [name, id(comm), algorithm, segment, check, timeout]
+    for value in buffers:
+        if type(value) is np.ndarray or isinstance(value, MPI.Op) or value is MPI.IN_PLACE:
+            parts.append(id(value))
+        elif value is None or type(value) in (int, str):
+            parts.append(value)
+        elif type(value) in (list, tuple) and all(type(item) is int for item in value):
+            parts.append(tuple(value))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Repeat:
+    """A call past the repeat path: its arguments checked, its plan found or made; kept for its repeats
+    under `key` (unless None, or the call makes a new result)."""
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"ringtree {name}: comm must be an intracommunicator, got {comm!r}")
     _check_options(name, comm, algorithm, segment, check)
@@ -164,19 +228,35 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
     collective = call.collective
     sign = signature(call.count, dtype, op, algorithm, segment, name, collective.root if name in ("broadcast", "reduce")
                      else None, collective.counts or None)
+    agreement = None
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
     # shows. So a rooted call compares its arguments first unless the caller says check=False.
     if (current.check if check is None else check) or (sign.root is not None and check is None):
         described = name + (f" root {sign.root}" if sign.root is not None else "") + (
             f" blocks {list(sign.blocks)}" if sign.blocks else "")
-        reliability.agree(state, reliability.call_record(call.count, dtype, f"{op}", algorithm, described),
-                          (call.count, dtype, f"{op}", algorithm, described), timeout, not THREADED[1],
-                          lambda record, low, seconds: _agreement(record, low, comm, seconds))
-    with call.context:
-        request = _launch(call, state, sign, dtype, algorithm, segment, timeout)
-        if blocking:
-            return request.wait()
-    return request
+        compared = (call.count, dtype, f"{op}", algorithm, described)
+        agreement = (reliability.call_record(*compared), compared, reliability.agreement_described(state, compared))
+    repeat = _Repeat(buffers, (), call, state, sign, dtype, None, None,
+                     f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, agreement)
+    _agree(repeat, comm)  # before the plan: making a native one is a collective
+    plan = _plan(call, state, sign, dtype, algorithm, segment)
+    written = tuple(value for value in buffers if type(value) is np.ndarray and value is call.result)
+    native = _native_start(call, plan.op) if type(plan) is NativePlan else None
+    repeat = repeat._replace(written=written, plan=plan, native=native)
+    if key is not None and (call.result is None or written):
+        if len(_REPEATS) >= _REPEATS_MAX:
+            _REPEATS.clear()
+        _REPEATS[key] = repeat
+    return repeat
+
+
+def _agree(repeat: _Repeat, comm) -> None:
+    """Where the call is compared first (check mode, a rooted call): MismatchError on every rank unless
+    every rank makes it with the same arguments."""
+    if repeat.agreement is not None:
+        record, described, what = repeat.agreement
+        reliability.agree(repeat.state, record, described, repeat.timeout, not THREADED[1],
+                          lambda record, low, seconds: _agreement(record, low, comm, seconds), what)
 
 
 def _check_options(name, comm, algorithm, segment, check) -> None:
@@ -215,29 +295,35 @@ class CollectivePlan(NamedTuple):
                 for name, size in self.compiled.schedule.scratch]
 
 
-def _launch(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None, timeout) -> Request:
+def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None):
+    """The plan of the call's shape: built on the first call of it, looked up after."""
     collective = call.collective
     key = (collective, call.backend, algorithm, call.count, dtype, call.reduce_op, segment)
     plan = state.plans.get(key)
-    if plan is None:
-        native_ok = call.backend.__name__ == "NumpyBackend" and (call.reduce_op is None or reduces(dtype, call.reduce_op))
-        choice = choose(collective.name, call.count * dtype.itemsize, state.size, algorithm, segment, native_ok)
-        if choice.algorithm == NATIVE:
-            if state.make_room():
-                from .runtime.again import AGAIN
-                AGAIN.clear()  # its runs may hold the plan freed
-            plan = native_plan(call.reduce_op, call.backend.divide, state, call.count, dtype, sign, persistent=False)
-        else:
-            segment_elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
-            runnable = compiled(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
-                                      call.backend.staged, False, collective))
-            reduce = call.backend.reducer(call.reduce_op) if call.reduce_op is not None else None
-            plan = CollectivePlan(runnable, call.backend, reduce, call.reduce_op is ReduceOp.AVG, dtype, [], sign)
-        state.plans[key] = plan
-    what = f"{collective.name} on rank {state.rank} of {state.name} ({sign.described()})"
-    if type(plan) is NativePlan:
-        native = NativeInFlight(plan, state, call.source, call.target, call.inplace, lambda: None, what,
-                                _native_start(call, dtype, plan.op))
+    if plan is not None:
+        return plan
+    native_ok = call.backend is NumpyBackend and (call.reduce_op is None or reduces(dtype, call.reduce_op))
+    choice = choose(collective.name, call.count * dtype.itemsize, state.size, algorithm, segment, native_ok)
+    if choice.algorithm == NATIVE:
+        if state.make_room():  # it freed a native plan, which repeats may hold
+            AGAIN.clear()
+            _REPEATS.clear()
+        plan = native_plan(call.reduce_op, call.backend.divide, state, call.count, dtype, sign, persistent=False)
+    else:
+        segment_elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
+        runnable = compiled(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
+                                  call.backend.staged, False, collective))
+        reduce = call.backend.reducer(call.reduce_op) if call.reduce_op is not None else None
+        plan = CollectivePlan(runnable, call.backend, reduce, call.reduce_op is ReduceOp.AVG, dtype, [], sign)
+    state.plans[key] = plan
+    return plan
+
+
+def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
+    plan = repeat.plan
+    if repeat.native is not None:
+        native = NativeInFlight(plan, state, call.source, call.target, call.inplace, _nothing, repeat.what,
+                                repeat.native)
         return Request(native, call.result, call.after)
     reduce, copy, divide = plan.backend.bind(plan.reduce) if plan.reduce is not None else (None, *_copying(plan))
     scratch = plan.take_scratch()
@@ -253,13 +339,17 @@ def _launch(call: Prepared, state, sign: Signature, dtype, algorithm: str, segme
     return Request(execution, call.result, call.after)
 
 
+def _nothing() -> None:
+    pass
+
+
 def _copying(plan) -> tuple:
     """(copy, divide) of a backend, for a collective that reduces nothing."""
     _, copy, divide = plan.backend.bind(plan.backend.reducer(ReduceOp.SUM))
     return copy, divide
 
 
-def _native_start(call: Prepared, dtype, op):
+def _native_start(call: Prepared, op):
     """MPI's own nonblocking collective of the call, as a function of the communicator to start it on."""
     collective, source, target = call.collective, call.source, call.target
     name = collective.name
@@ -269,7 +359,7 @@ def _native_start(call: Prepared, dtype, op):
         sendbuf = MPI.IN_PLACE if call.inplace else source
         return lambda comm: comm.Ireduce(sendbuf, target if comm.Get_rank() == collective.root else None, op,
                                          collective.root)
-    size = dtype.itemsize  # these reduce nothing: as bytes, whatever the dtype
+    size = target.dtype.itemsize  # these reduce nothing: as bytes, whatever the dtype
     if name == "broadcast":
         return lambda comm: comm.Ibcast([target.view("u1"), MPI.BYTE], collective.root)
     counts = [c * size for c in collective.counts]

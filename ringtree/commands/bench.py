@@ -1,4 +1,5 @@
-"""`python -m ringtree bench`: allreduce bandwidth against the MPI library's own, in one run.
+"""`python -m ringtree bench`: allreduce bandwidth against the MPI library's own, in one run (and with
+--collective, that of the other collectives: bench_collectives.py).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm's result is first checked against `native` (the MPI
@@ -26,17 +27,19 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, GENERATORS
 from ..allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
 from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support
 from .arguments import UsageError, at_least, comma_list, dtype, output_path, parse_size, positive, sizes_from_args
+from .bench_collectives import run_collective
 from .measure import across_ranks, exact_inputs, in_pass_order, time_in_turns
 
 NATIVE = "native"
 ROUNDTRIP = "roundtrip"
-NAMES = [*ALGORITHMS, "auto", NATIVE, ROUNDTRIP]
+NAMES = [*dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms), "auto", NATIVE, ROUNDTRIP]
+COLLECTIVES = list(GENERATORS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smallest size (e.g. 8, 1K, 4M)")
     parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
-    parser.add_argument("--algorithms", type=comma_list(NAMES), default="ring,tree,auto,native",
-                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto, native, "
-                             "and with --cupy roundtrip")
+    parser.add_argument("--collective", choices=COLLECTIVES, default="allreduce",
+                        help="the collective to time (with nccl-tests' size and busbw for each)")
+    parser.add_argument("--algorithms", type=comma_list(NAMES), default=None,
+                        help=f"comma-separated, from {', '.join(ALGORITHMS)} (allreduce's; another collective's: "
+                             "ringtree.algorithms.GENERATORS), auto, native, and with --cupy roundtrip "
+                             "(default: ring,tree,auto,native; another collective's: all of its, auto, native)")
     parser.add_argument("--cupy", action="store_true", help="CuPy arrays on the GPU instead of numpy arrays")
     parser.add_argument("--dtype", type=dtype, default="float32", help="numpy dtype name")
     parser.add_argument("--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
@@ -68,8 +74,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """UsageError for arguments that do not go together."""
     sizes_from_args(args)
+    known = GENERATORS[args.collective]
+    if args.algorithms is None:
+        args.algorithms = ["ring", "tree", "auto", NATIVE] if args.collective == "allreduce" else [
+            *sorted(known), "auto", NATIVE]
+    unknown = [name for name in args.algorithms if name not in (*known, "auto", NATIVE, ROUNDTRIP)]
+    if unknown:
+        raise UsageError(f"--algorithms: {', '.join(unknown)} is not a {args.collective} algorithm; "
+                         f"known: {', '.join(sorted(known))}, auto, native")
+    if args.collective != "allreduce" and (args.cupy or args.inplace):
+        raise UsageError(f"--collective {args.collective} times numpy arrays out of place; leave out --cupy and "
+                         "--inplace")
     try:
-        check_dtype(args.dtype, parse_op(args.op))
+        if args.collective in ("allreduce", "reduce_scatter", "reduce"):
+            check_dtype(args.dtype, parse_op(args.op))
     except TypeError as error:
         raise UsageError(f"--op {args.op} --dtype {args.dtype}: {error}") from None
     if ROUNDTRIP in args.algorithms and not args.cupy:
@@ -93,6 +111,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     rank, size = comm.Get_rank(), comm.Get_size()
     dtype, op, algorithms = args.dtype, parse_op(args.op), args.algorithms
     baseline = next((name for name in (NATIVE, ROUNDTRIP) if name in algorithms), None)
+    if args.collective != "allreduce":
+        args.sizes, args.reduce_op = sizes_from_args(args), op
+        return _written(args, comm, run_collective(args, comm), baseline)
     counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
 
     rows = []
@@ -119,14 +140,20 @@ def run(args: argparse.Namespace) -> list[dict]:
             progress.close()
         for count in counts:
             rows += _rows(comm, algorithms, count, dtype, op, passes[count], baseline)
-    if args.json and rank == 0:
+    return _written(args, comm, rows, baseline)
+
+
+def _written(args, comm, rows: list[dict], baseline) -> list[dict]:
+    """The rows, also as JSON with --json; SystemExit where a result differs from native's."""
+    if args.json and comm.Get_rank() == 0:
         with open(args.json, "w") as f:
-            json.dump({"ranks": size, "dtype": str(dtype), "op": op.value, "inplace": args.inplace,
-                       "arrays": "cupy" if args.cupy else "numpy", "baseline": baseline, "passes": args.passes,
+            json.dump({"collective": args.collective, "ranks": comm.Get_size(), "dtype": str(args.dtype),
+                       "op": args.op, "inplace": args.inplace, "arrays": "cupy" if args.cupy else "numpy",
+                       "baseline": baseline, "passes": args.passes,
                        "mpi": MPI.Get_library_version().splitlines()[0].strip(), "note": args.note,
                        "rows": rows}, f, indent=1)
     if any(row["wrong"] for row in rows):
-        raise SystemExit(f"rank {rank}: some results differ from native MPI (see #wrong)")
+        raise SystemExit(f"rank {comm.Get_rank()}: some results differ from native MPI (see #wrong)")
     return rows
 
 

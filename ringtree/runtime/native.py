@@ -16,8 +16,8 @@ from .engine import SPINS_BEFORE_YIELD, back_off, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .stalls import watched
 
-__all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "native_runner", "start_native",
-           "free_plan"]
+__all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "run_started", "native_runner",
+           "start_native", "free_plan"]
 
 # Up to this size a call goes through a persistent request (Allreduce_init) on a buffer of the plan's
 # own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
@@ -61,7 +61,7 @@ def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype,
     low = np.empty_like(mine)
     _wait(state.control.Iallreduce(mine, low, MPI.MIN), state, seq, signature, (mine, low))
     if low[0] != -low[2] or low[1] != -low[3]:
-        raise everywhere(state, seq, signature, "the ranks making a plan for MPI's allreduce differ")
+        raise everywhere(state, seq, signature, f"the ranks making a plan for MPI's own {signature.collective} differ")
     comm, request = state.comm.Idup()
     _wait(request, state, seq, signature, (comm,))
     comm.Set_name(f"{state.name} native")
@@ -100,6 +100,18 @@ def run_native(plan: NativePlan, state, source, target, in_place: bool) -> None:
     _wait(request, state, seq, plan.signature, (source, target))
     if buffer is not None:
         target[...] = buffer
+    if plan.average:
+        plan.divide(target, state.size)
+
+
+def run_started(plan: NativePlan, state, start, target, what) -> None:
+    """MPI's own collective that `start(comm)` starts, nonblocking, on the plan's communicator, waited
+    for as run_native waits (the other collectives' native calls)."""
+    request = start(plan.comm)
+    seq = state.calls  # counted as every call is (run_native)
+    state.calls = seq + 1
+    if not request.Test():
+        watched(partial(_wait, request, state, seq, plan.signature, (target,)), what)
     if plan.average:
         plan.divide(target, state.size)
 

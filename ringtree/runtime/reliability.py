@@ -50,7 +50,8 @@ def call_record(count: int, dtype, op: str, algorithm: str, collective: str = "a
     return np.concatenate([codes, -codes, np.zeros(2 * len(_FIELDS), np.int64)])
 
 
-def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blocking: bool, ringtree_allreduce) -> None:
+def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blocking: bool, ringtree_allreduce,
+          what: str | None = None) -> None:
     """Raise MismatchError on every rank unless all ranks make this call with the same arguments.
 
     `record` is call_record's for this call, `call` its (count, dtype, op, algorithm, collective)
@@ -58,7 +59,8 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
     With a timeout the comparison runs through ringtree (`ringtree_allreduce(sendbuf, recvbuf,
     timeout)`, MIN over int64), so that a rank that does not come is named, and so it does where the
     call may not wait inside MPI (not `blocking`: other threads call ringtree); else through MPI's
-    own Allreduce on the private communicator, the fastest way."""
+    own Allreduce on the private communicator, the fastest way. `what`: the wait as a stall warning
+    names it, where the caller has it made already."""
     seq = state.calls  # the same on all ranks if they made as many ringtree calls
     fields = len(_FIELDS)
     record[_SEQ], record[fields + _SEQ] = seq, -seq
@@ -66,9 +68,7 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
     count, dtype, op, algorithm, collective = call
     name = collective.split()[0]
     if timeout is None and blocking:
-        watched(partial(state.comm.Allreduce, mine, low, MPI.MIN),
-                f"{name} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
-                f"{op}, algorithm {algorithm}), in the comparison of the ranks' arguments")
+        watched(partial(state.comm.Allreduce, mine, low, MPI.MIN), what or agreement_described(state, call))
     else:
         try:
             ringtree_allreduce(mine, low, timeout)
@@ -92,6 +92,13 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
             differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
     raise MismatchError(f"ringtree {name} on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree "
                         f"at call #{seq}: " + " | ".join(differences))
+
+
+def agreement_described(state, call: tuple) -> str:
+    """The wait in agree(), as a stall warning names it."""
+    count, dtype, op, algorithm, collective = call
+    return (f"{collective.split()[0]} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of "
+            f"{dtype.name}, {op}, algorithm {algorithm}), in the comparison of the ranks' arguments")
 
 
 def _code(text: str) -> int:

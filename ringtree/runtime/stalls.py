@@ -93,10 +93,11 @@ def _describe(what, seconds: float) -> str:
     """The warning for a wait in `what` with no progress for `seconds`."""
     if isinstance(what, str):
         return f"ringtree: {what}: no progress for {seconds:.0f} s (still waiting)"
+    collective = "allreduce"
     if hasattr(what, "peers_waited_for"):  # the engine's Execution: its messages in flight say whom it waits for
         schedule, state = what.compiled.schedule, what.state
         call = f"#{what.seq} ({schedule.algorithm}, {schedule.count} elements)"
-        peers = what.peers_waited_for()
+        peers, collective = what.peers_waited_for(), schedule.collective.name
     else:
         what = getattr(what, "call", what)
         state, peers = what.state, list(what.peers)
@@ -105,5 +106,5 @@ def _describe(what, seconds: float) -> str:
         waits_for = "; it waits for " + ("rank " if len(peers) == 1 else "ranks ") + ", ".join(map(str, peers))
     else:
         waits_for = "; it waits in the MPI library's own allreduce, for any rank"
-    return (f"ringtree allreduce {call} on rank {state.rank} of {state.name}: no progress for "
+    return (f"ringtree {collective} {call} on rank {state.rank} of {state.name}: no progress for "
             f"{seconds:.0f} s{waits_for} (still waiting; RINGTREE_TIMEOUT or timeout= makes this an error)")
