@@ -9,6 +9,11 @@ progress bar and, after each epoch, the loss, train and test accuracy,
 examples per second and the share of step time spent in communication
 (packing, starting and waiting for the gradient allreduces). At the end every rank checks that all ranks hold bitwise the
 same parameters.
+
+With --shard-optimizer (ZeRO stage 1) each rank keeps the optimizer state of one shard of the
+parameters only: after the backward pass the gradients are reduce-scattered (each rank gets the
+average of its shard), each rank updates its shard of the parameters and of the momentum, and
+an allgather gives every rank every shard again.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="gradient fusion bucket size in MiB; 0: one allreduce per array")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="numpy, or CuPy on the GPU")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
+    parser.add_argument("--shard-optimizer", action="store_true",
+                        help="ZeRO stage 1: reduce-scatter the gradients, update a shard each, allgather the parameters")
     return parser.parse_args(argv)
 
 
@@ -121,6 +128,57 @@ class MLP:
         return float((self.logits(x)[-1].argmax(axis=1) == y).mean())
 
 
+class ShardedSGD:
+    """Momentum SGD with its state sharded across the ranks (ZeRO stage 1).
+
+    The model's parameters and gradients become views of one flat array each; rank r owns elements
+    [start, start + count) of them, and keeps the momentum of those only.
+    """
+
+    def __init__(self, model: MLP, comm: MPI.Comm) -> None:
+        xp, self.comm, self.model = model.xp, comm, model
+        self.parameters = _flattened(model.params, xp)
+        self.gradients = _flattened(model.grads, xp)
+        model.params = _views(self.parameters, model.params)
+        model.grads = _views(self.gradients, model.grads)
+        model.velocity = None  # the whole model's momentum is what sharding saves
+        total, size = self.parameters.size, comm.Get_size()
+        self.counts = [total * (r + 1) // size - total * r // size for r in range(size)]
+        self.start = total * comm.Get_rank() // size
+        self.shard = self.parameters[self.start:self.start + self.counts[comm.Get_rank()]]
+        self.gradient_shard = xp.empty_like(self.shard)
+        self.velocity = xp.zeros_like(self.shard)
+        self.communication_seconds = 0.0
+
+    def step(self, lr: float, momentum: float = 0.9) -> None:
+        started = time.perf_counter()
+        ringtree.reduce_scatter(self.gradients, self.gradient_shard, self.counts, op="avg", comm=self.comm)
+        self.communication_seconds += time.perf_counter() - started
+        self.velocity *= momentum
+        self.velocity += self.gradient_shard
+        self.shard -= lr * self.velocity
+        started = time.perf_counter()
+        ringtree.allgather(MPI.IN_PLACE, self.parameters, self.counts, comm=self.comm)
+        self.communication_seconds += time.perf_counter() - started
+
+
+def _flattened(arrays, xp):
+    flat = xp.empty(sum(a.size for a in arrays), dtype=arrays[0].dtype)
+    offset = 0
+    for a in arrays:
+        flat[offset:offset + a.size] = a.reshape(-1)
+        offset += a.size
+    return flat
+
+
+def _views(flat, arrays):
+    views, offset = [], 0
+    for a in arrays:
+        views.append(flat[offset:offset + a.size].reshape(a.shape))
+        offset += a.size
+    return views
+
+
 def train(args: argparse.Namespace, comm: MPI.Comm, verbose: bool = True) -> dict:
     """Train as `args` says on `comm`; return the model and what happened."""
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -130,28 +188,40 @@ def train(args: argparse.Namespace, comm: MPI.Comm, verbose: bool = True) -> dic
     x_train, x_test, y_train, y_test = load_digits_split(args.seed)
     x_train, x_test, y_train, y_test = map(xp.asarray, (x_train, x_test, y_train, y_test))
     model = MLP([x_train.shape[1], args.hidden, args.hidden, 10], args.seed, xp)
-    bucketer = ringtree.GradientBucketer(model.grads, bucket_bytes=int(args.bucket_mb * 2**20), op="avg",
-                                         comm=comm, algorithm=args.algorithm)
     show = verbose and rank == 0
-    if show:
-        print(f"training on {size} ranks: {len(y_train)} train / {len(y_test)} test digits, "
-              f"global batch {args.batch_size}, {sum(p.size for p in model.params):,} parameters in "
-              f"{len(bucketer.buckets)} bucket(s) of {', '.join(f'{b / 1024:.0f} KiB' for b in bucketer.sizes)}",
-              flush=True)
+    if args.shard_optimizer:
+        optimizer = ShardedSGD(model, comm)
+        step, on_gradient, finish_gradients = optimizer.step, lambda index: None, lambda: None
+        communicated = lambda: optimizer.communication_seconds  # noqa: E731
+        if show:
+            whole = optimizer.parameters.nbytes
+            print(f"training on {size} ranks with the optimizer sharded: {optimizer.parameters.size:,} parameters; "
+                  f"momentum {optimizer.velocity.nbytes / 1024:.1f} KiB per rank, 1/{size} of the "
+                  f"{whole / 1024:.1f} KiB unsharded", flush=True)
+    else:
+        bucketer = ringtree.GradientBucketer(model.grads, bucket_bytes=int(args.bucket_mb * 2**20), op="avg",
+                                             comm=comm, algorithm=args.algorithm)
+        step, on_gradient, finish_gradients = model.step, bucketer.mark_ready, bucketer.wait
+        communicated = lambda: bucketer.communication_seconds  # noqa: E731
+        if show:
+            print(f"training on {size} ranks: {len(y_train)} train / {len(y_test)} test digits, "
+                  f"global batch {args.batch_size}, {sum(p.size for p in model.params):,} parameters in "
+                  f"{len(bucketer.buckets)} bucket(s) of {', '.join(f'{b / 1024:.0f} KiB' for b in bucketer.sizes)}",
+                  flush=True)
 
     steps_per_epoch = len(y_train) // args.batch_size  # the last, partial batch is dropped
     history, steps = [], 0
     for epoch in range(args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(len(y_train))
-        communicated_before = bucketer.communication_seconds
+        communicated_before = communicated()
         start = time.perf_counter()
         losses = []
-        for step in _progress(range(steps_per_epoch), show, f"epoch {epoch + 1}/{args.epochs}"):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
+        for k in _progress(range(steps_per_epoch), show, f"epoch {epoch + 1}/{args.epochs}"):
+            batch = order[k * args.batch_size:(k + 1) * args.batch_size]
             mine = xp.asarray(batch[rank::size])  # this rank's share of the global batch
-            losses.append(model.loss_and_backward(x_train[mine], y_train[mine], bucketer.mark_ready))
-            bucketer.wait()  # gradients now hold the average over the global batch
-            model.step(args.lr)
+            losses.append(model.loss_and_backward(x_train[mine], y_train[mine], on_gradient))
+            finish_gradients()  # unsharded: the gradients now hold the average over the global batch
+            step(args.lr)
             steps += 1
             if args.max_steps and steps >= args.max_steps:
                 break
@@ -162,7 +232,7 @@ def train(args: argparse.Namespace, comm: MPI.Comm, verbose: bool = True) -> dic
             "train_accuracy": model.accuracy(x_train, y_train),
             "test_accuracy": model.accuracy(x_test, y_test),
             "examples_per_second": len(losses) * args.batch_size / seconds,
-            "communication_share": (bucketer.communication_seconds - communicated_before) / seconds,
+            "communication_share": (communicated() - communicated_before) / seconds,
         }
         history.append(record)
         if show:
@@ -171,7 +241,8 @@ def train(args: argparse.Namespace, comm: MPI.Comm, verbose: bool = True) -> dic
                   f"communication {record['communication_share']:.1%} of step time", flush=True)
         if args.max_steps and steps >= args.max_steps:
             break
-    return {"model": model, "history": history, "identical": parameters_identical(model, comm)}
+    return {"model": model, "history": history, "identical": parameters_identical(model, comm),
+            "optimizer": optimizer if args.shard_optimizer else None}
 
 
 def parameters_identical(model: MLP, comm: MPI.Comm) -> bool:

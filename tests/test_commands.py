@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import ringtree
 from conftest import run_mpiexec
-from ringtree.algorithms import ALGORITHMS
+from ringtree.algorithms import ALGORITHMS, GENERATORS
 
 pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 
@@ -50,6 +50,21 @@ def test_bench_gives_each_case_the_median_of_its_passes(bench_results):
     printed = [int(line.split()[0]) for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
     assert printed == sorted(printed) and len(printed) == len(result["rows"])  # once each, after the passes
     assert "passes_us" not in bench_results[False][1]["rows"][0]
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
+def test_bench_of_every_collective_checks_it_against_native_with_nccl_tests_busbw(tmp_path, collective):
+    path = tmp_path / "bench.json"
+    run = run_mpiexec(2, "-m", "ringtree", "bench", "--collective", collective, "-b", "8", "-e", "64K", "-f", "64",
+                      "--iters", "3", "--warmup", "1", "--budget", "0.2", "--json", str(path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(path.read_text())
+    assert result["collective"] == collective and f"ringtree bench {collective}" in run.stdout
+    assert {row["algorithm"] for row in result["rows"]} == {*GENERATORS[collective], "auto", "native"}
+    assert sorted({row["size"] for row in result["rows"]}) == [8, 512, 32768]
+    factor = 0.5 if collective in ("reduce_scatter", "allgather") else 1.0  # (n-1)/n at 2 ranks, or 1
+    for row in result["rows"]:
+        assert row["wrong"] == 0 and row["busbw"] == pytest.approx(row["algbw"] * factor)
 
 
 def test_plot_writes_an_svg(bench_results, tmp_path):
@@ -248,6 +263,10 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     (["bench", "--algorithms", "ring,butterfly"], "argument --algorithms: unknown algorithm 'butterfly'"),
     (["bench", "--algorithms", "roundtrip"], "'roundtrip' copies CuPy arrays to the host: it goes with --cupy"),
     (["bench", "--batch", "0"], "argument --batch: must be above 0, not 0"),
+    (["bench", "--collective", "broadcast", "--algorithms", "pairwise"],
+     "--algorithms: pairwise is not a broadcast algorithm; known: binomial, chain, scatter_allgather, auto, native"),
+    (["bench", "--collective", "allgather", "--inplace"], "--collective allgather times numpy arrays out of place"),
+    (["bench", "--collective", "gather"], "argument --collective: invalid choice: 'gather'"),
     (["tune", "--algorithms", "fastest"], "argument --algorithms: unknown algorithm 'fastest'"),
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1K", "--calibration", "missing.json"],
      "argument --calibration: cannot read missing.json: No such file or directory"),

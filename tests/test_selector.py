@@ -174,3 +174,25 @@ def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
                           1 << 20, 1 << 21)
     assert joined == old
     assert merged_rules(old, [_rule(2049, 4096, "tree")], 2048, 4096)[-1] == old[-1]
+
+
+def test_the_other_collectives_choose_by_size_at_the_nearest_measured_rank_count():
+    from ringtree.tuning.collectives import NATIVE, RULES, choose, rules_for
+    for collective, measured in RULES.items():
+        for nranks in range(1, 33):
+            nearest = min(measured, key=lambda ranks: (abs(ranks - nranks), ranks))
+            assert rules_for(collective, nranks) is measured[nearest]
+            assert rules_for(collective, nranks)[-1][0] is None  # every size has a rule
+    assert choose("reduce_scatter", 1 << 20, 2).algorithm == NATIVE
+    assert choose("reduce_scatter", 64 << 20, 2)[:2] == ("pairwise", 4 << 20)
+    assert choose("reduce_scatter", 64 << 20, 16).algorithm == "ring"
+
+
+def test_the_other_collectives_take_the_callers_algorithm_and_segment_and_do_without_native():
+    from ringtree.tuning.collectives import NATIVE, choose
+    assert choose("broadcast", 8 << 20, 4, "chain")[:2] == ("chain", 256 << 10)  # a chain's own segment
+    assert choose("broadcast", 8 << 20, 4, "chain", 1 << 20)[:2] == ("chain", 1 << 20)
+    assert choose("allgather", 512, 4, "ring", 1 << 20)[:2] == ("ring", 0)  # no larger than a segment: whole
+    for collective in ("reduce_scatter", "allgather", "broadcast", "reduce"):
+        for nbytes in (8, 1 << 20, 1 << 30):
+            assert choose(collective, nbytes, 4, native=False).algorithm != NATIVE

@@ -38,3 +38,21 @@ def test_n_ranks_train_the_same_model_as_one(comm, bucket_mb):
     if not moved:
         failures.append("training did not change the parameters")
     assert_everywhere(comm, failures)
+
+
+def test_a_sharded_optimizer_trains_the_same_model_with_1_over_n_of_the_momentum_each(comm):
+    size = comm.Get_size()
+    options = ["--epochs", "1", "--max-steps", "8", "--batch-size", str(8 * size), "--hidden", "32", "--seed", "3"]
+    sharded = train_example.train(train_example.parse_args([*options, "--shard-optimizer"]), comm, verbose=False)
+    whole = train_example.train(train_example.parse_args(options), comm, verbose=False)
+    failures = []
+    for i, (p, q) in enumerate(zip(sharded["model"].params, whole["model"].params)):
+        if not np.allclose(p, q, rtol=1e-5, atol=1e-6):
+            failures.append(f"parameter {i} differs from unsharded training by {np.abs(p - q).max():.3g}")
+        if not same_on_all_ranks(comm, p):
+            failures.append(f"parameter {i} differs between ranks")
+    total = sum(p.size for p in whole["model"].params)
+    momentum = comm.allgather(sharded["optimizer"].velocity.size)
+    if sum(momentum) != total or max(momentum) > total // size + 1:
+        failures.append(f"momentum per rank {momentum} is not a 1/{size} share of {total} parameters")
+    assert_everywhere(comm, failures)

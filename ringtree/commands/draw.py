@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, GENERATORS
 from ..schedule import OpKind
 from ..sim import Costs, simulate
 from ..sim.flat import flat_schedules
+from ..sim.simulator import collective_of
 from .arguments import UsageError, at_least, format_size, one_of, output_path, parse_size
 
 MAX_RANKS = 32
@@ -24,8 +25,11 @@ MAX_MESSAGES = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--algorithm", type=one_of(list(ALGORITHMS)), required=True,
-                        help=f"one of {', '.join(ALGORITHMS)}")
+    parser.add_argument("--algorithm", type=one_of(list(dict.fromkeys(a for c in GENERATORS.values() for a in c))),
+                        required=True, help=f"one of {', '.join(ALGORITHMS)} (allreduce's), or another collective's")
+    parser.add_argument("--collective", choices=list(GENERATORS), default="allreduce",
+                        help="the collective whose schedule to draw (ringtree.algorithms.GENERATORS has their algorithms)")
+    parser.add_argument("--root", type=at_least(0), default=0, help="a broadcast's or reduce's root")
     parser.add_argument("--ranks", type=at_least(1), default=4, help=f"number of ranks (lanes), at most {MAX_RANKS}")
     parser.add_argument("--bytes", type=at_least(0, parse_size), default=None,
                         help="message size, e.g. 64, 1K (default: one element per rank, so a ring chunk is one element)")
@@ -37,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
+    if args.algorithm not in GENERATORS[args.collective]:
+        raise UsageError(f"--algorithm {args.algorithm} is not a {args.collective} algorithm; known: "
+                         f"{', '.join(sorted(GENERATORS[args.collective]))}")
+    if args.root >= args.ranks:
+        raise UsageError(f"--root {args.root} is not one of the {args.ranks} ranks")
     if args.ranks > MAX_RANKS:
         raise UsageError(f"--ranks {args.ranks}: at most {MAX_RANKS} lanes are drawn (simulate gives the numbers "
                          "for any rank count)")
@@ -46,8 +55,10 @@ def check(args: argparse.Namespace) -> None:
     segment = max(1, args.segment // args.itemsize) if args.segment else 0
     # Counted from the unsegmented schedules: segmenting splits each message, and building a
     # segmented schedule first could take longer than the drawing that is refused.
+    count = nbytes // args.itemsize
     messages = sum(-(-size // (segment or size)) for schedule in flat_schedules(
-        args.algorithm, args.ranks, nbytes // args.itemsize, itemsize=1)
+        args.algorithm, args.ranks, count, itemsize=1,
+        collective=collective_of(args.collective, args.ranks, count, args.root))
         for kind, size in zip(schedule.kinds, schedule.sizes) if kind == OpKind.SEND)
     if messages > MAX_MESSAGES:
         raise UsageError(f"{args.algorithm} on {args.ranks} ranks, {format_size(nbytes)}"
@@ -62,18 +73,21 @@ def _nbytes(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> None:
     segment = max(1, args.segment // args.itemsize) if args.segment else 0
-    draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, args.output or f"{args.algorithm}.svg",
-         segment=segment)
+    name = args.algorithm if args.collective == "allreduce" else f"{args.collective}-{args.algorithm}"
+    draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, args.output or f"{name}.svg",
+         segment=segment, collective=args.collective, root=args.root)
 
 
-def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0) -> None:
-    """Draw `algorithm` on `nranks` ranks for `count` elements, `segment` elements per segment."""
+def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0, collective: str = "allreduce",
+         root: int = 0) -> None:
+    """Draw `algorithm` (of `collective`, from `root`) on `nranks` ranks for `count` elements, `segment`
+    elements per segment."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     result = simulate(algorithm, nranks, count, Costs(alpha=1.0, beta=0.0, gamma=0.25 / max(count, 1)), itemsize=1,
-                      segment=segment, trace=True)
+                      segment=segment, trace=True, collective=collective, root=root)
     width = max(6.0, 1.1 * result.time + 2)
     fig, ax = plt.subplots(figsize=(width, 0.9 * nranks + 1.4))
     for rank in range(nranks):
@@ -96,14 +110,16 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0)
             ax.text(event.finish, event.rank - 0.22, label, fontsize=6, ha="center", va="bottom",
                     color="tab:orange" if reduce else "tab:green")
     ax.plot([], [], color="tab:blue", label="message (elements carried)")
-    ax.plot([], [], "o", color="tab:orange", label="reduce into the output")
+    ax.plot([], [], "o", color="tab:orange", label="reduce")
     ax.plot([], [], "s", color="tab:green", label="copy")
     ax.set_yticks(range(nranks), [f"rank {r}" for r in range(nranks)])
     ax.set_ylim(nranks - 0.4, -0.6)
     ax.set_xlim(-0.3, result.time + 0.3)
     ax.set_xlabel("steps (a message takes one)")
     sent = result.bytes_sent
-    ax.set_title(f"{algorithm}, {nranks} ranks, {count} elements: {result.time:g} steps; "
+    what = algorithm if collective == "allreduce" else f"{collective} {algorithm}" + (
+        f" from root {root}" if collective in ("broadcast", "reduce") else "")
+    ax.set_title(f"{what}, {nranks} ranks, {count} elements: {result.time:g} steps; "
                  f"elements sent per rank {min(sent)}" + (f"–{max(sent)}" if max(sent) != min(sent) else ""),
                  fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=7, frameon=False)

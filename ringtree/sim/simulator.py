@@ -50,7 +50,7 @@ from .flat import flat_schedule, flat_schedules, without_gc
 from .result import Call, Costs, SimResult
 from .turned import run_periodic, run_turned, turned_schedules
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "collective_of"]
 
 
 def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize: int = 4, segment: int = 0,
@@ -80,9 +80,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
     call = Call(algorithm, nranks, nbytes, itemsize, segment)
     count, segment_elements = call.count, call.segment_elements
     if collective != "allreduce":
-        blocks = tuple(size for _, size in even_chunks(count, nranks))
-        shape = Collective(collective, blocks if collective in ("reduce_scatter", "allgather") else (), root)
-        shape.check(nranks, count)
+        shape = collective_of(collective, nranks, count, root)
         schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,
                                    progress=progress, stepwise=stepwise, collective=shape)
         return run_events(schedules, call, costs, trace, progress)
@@ -111,3 +109,12 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
         schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,
                                    progress=progress, stepwise=stepwise)
     return run_events(schedules, call, costs, trace, progress)
+
+
+def collective_of(name: str, nranks: int, count: int, root: int = 0) -> Collective:
+    """The Collective of a call of `count` elements in all: a reduce-scatter's or allgather's in
+    blocks as even as they go (ValueError for a root out of range)."""
+    blocks = tuple(size for _, size in even_chunks(count, nranks)) if name in ("reduce_scatter", "allgather") else ()
+    shape = Collective(name, blocks, root)
+    shape.check(nranks, count)
+    return shape

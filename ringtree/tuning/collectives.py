@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from .online import NATIVE
 
-__all__ = ["NATIVE", "CollectiveChoice", "choose", "RULES", "SEGMENT_BYTES"]
+__all__ = ["NATIVE", "CollectiveChoice", "choose", "rules_for", "RULES", "WITHOUT_NATIVE", "SEGMENT_BYTES"]
 
 # Bytes per segment where a rule or the call gives none: pipelining pays once a message is several
 # segments long; a chain's depth is the rank count, so it takes shorter segments.
@@ -26,16 +26,29 @@ class CollectiveChoice(NamedTuple):
     source: str  # why: "call" or "rules"
 
 
-# collective -> rules tried in order: (largest message in bytes or None, algorithm, segment bytes or None)
-RULES: dict[str, list[tuple[int | None, str, int | None]]] = {
-    "reduce_scatter": [(1 << 20, NATIVE, None), (None, "ring", None)],
-    "allgather": [(1 << 20, NATIVE, None), (None, "ring", None)],
-    "broadcast": [(1 << 20, NATIVE, None), (None, "scatter_allgather", None)],
-    "reduce": [(1 << 20, NATIVE, None), (None, "rabenseifner", None)],
+# collective -> {rank count: rules tried in order: (largest message in bytes or None, algorithm,
+# segment bytes or None)}; a rank count not listed takes the nearest one's. Measured on a 2-core VM
+# (docs/collectives.md): over shared memory MPI's own moves data as fast as pipelined messages can,
+# and ringtree wins where there is arithmetic to overlap with the messages.
+RULES: dict[str, dict[int, list[tuple[int | None, str, int | None]]]] = {
+    "reduce_scatter": {
+        2: [(8 << 20, NATIVE, None), (None, "pairwise", 4 << 20)],
+        4: [(8 << 20, NATIVE, None), (None, "pairwise", 4 << 20)],
+        8: [(8 << 20, NATIVE, None), (None, "ring", 4 << 20)],
+    },
+    "allgather": {2: [(None, NATIVE, None)]},
+    "broadcast": {
+        2: [(None, NATIVE, None)],
+        4: [(8 << 20, NATIVE, None), (None, "binomial", None)],
+    },
+    "reduce": {
+        2: [(2 << 20, NATIVE, None), (None, "rabenseifner", None)],
+        4: [(4 << 20, NATIVE, None), (None, "rabenseifner", None)],
+    },
 }
 # Where MPI's own cannot run the call (device memory, a dtype or op MPI lacks): per collective, by size.
 WITHOUT_NATIVE = {
-    "reduce_scatter": [(64 << 10, "pairwise", None), (None, "ring", None)],
+    "reduce_scatter": [(64 << 10, "pairwise", None), (None, "ring", 4 << 20)],
     "allgather": [(64 << 10, "bruck", None), (None, "ring", None)],
     "broadcast": [(256 << 10, "binomial", None), (None, "scatter_allgather", None)],
     "reduce": [(64 << 10, "binomial", None), (None, "rabenseifner", None)],
@@ -49,7 +62,7 @@ def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", s
     source = "call"
     if algorithm == "auto":
         source = "rules"
-        rules = (RULES if native else WITHOUT_NATIVE)[collective]
+        rules = rules_for(collective, nranks) if native else WITHOUT_NATIVE[collective]
         algorithm, rule_segment = next((name, size) for largest, name, size in rules
                                        if largest is None or nbytes <= largest)
         if segment is None:
@@ -59,3 +72,9 @@ def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", s
     if segment is None:
         segment = SEGMENT_BYTES.get(algorithm, SEGMENT_BYTES_OTHERWISE)
     return CollectiveChoice(algorithm, segment if nbytes > segment else 0, source)
+
+
+def rules_for(collective: str, nranks: int) -> list[tuple[int | None, str, int | None]]:
+    """RULES for `collective` at the measured rank count nearest `nranks` (the smaller of two as near)."""
+    measured = RULES[collective]
+    return measured[min(measured, key=lambda ranks: (abs(ranks - nranks), ranks))]
