@@ -179,7 +179,7 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
 class _Repeat(NamedTuple):
     """What a call shares with the calls after it on the same arguments: looked up, not rebuilt."""
 
-    arguments: tuple  # the caller's, held so that their ids in the key stay theirs
+    arguments: tuple  # the caller's communicator and buffers, held so that their ids in the key stay theirs
     written: tuple  # the caller's arrays the call writes: still writable?
     call: Prepared
     state: object
@@ -201,7 +201,7 @@ def _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) -> tupl
     None for any other (a new result each time, tensors, buffer specifications)."""
     parts = [name, id(comm), algorithm, segment, check, timeout]
     for value in buffers:
-        if type(value) is np.ndarray or isinstance(value, MPI.Op) or value is MPI.IN_PLACE:
+        if type(value) is np.ndarray or isinstance(value, (MPI.Op, ReduceOp)) or value is MPI.IN_PLACE:
             parts.append(id(value))
         elif value is None or type(value) in (int, str):
             parts.append(value)
@@ -237,7 +237,7 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
             f" blocks {list(sign.blocks)}" if sign.blocks else "")
         compared = (call.count, dtype, f"{op}", algorithm, described)
         agreement = (reliability.call_record(*compared), compared, reliability.agreement_described(state, compared))
-    repeat = _Repeat(buffers, (), call, state, sign, dtype, None, None,
+    repeat = _Repeat((comm, *buffers), (), call, state, sign, dtype, None, None,
                      f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, agreement)
     _agree(repeat, comm)  # before the plan: making a native one is a collective
     plan = _plan(call, state, sign, dtype, algorithm, segment)

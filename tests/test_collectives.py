@@ -329,3 +329,30 @@ def test_ranks_that_disagree_on_the_root_all_get_an_error(comm):
                 error):
             failures.append(str(error))
     assert_everywhere(comm, failures)
+
+
+def test_persistent_collectives_give_mpi_s_result_at_every_start(comm):
+    n, rank = comm.size, comm.rank
+    counts = _uneven(comm)
+    x = _values(sum(counts), np.dtype(np.int64), rank)
+    blocks, theirs = np.zeros(counts[rank], np.int64), np.empty(counts[rank], np.int64)
+    comm.Reduce_scatter(x, theirs, counts)
+    gathered, everyone = np.zeros((n, 3), np.int64), np.empty((n, 3), np.int64)
+    comm.Allgather(np.arange(3) + rank, everyone)
+    total, reduced = np.zeros(5, np.int64), np.empty(5, np.int64)
+    comm.Reduce(np.arange(5) * (rank + 1), reduced, MPI.SUM, n - 1)
+    requests = [ringtree.reduce_scatter_init(x, blocks, counts, comm=comm),
+                ringtree.allgather_init(np.arange(3) + rank, gathered, comm=comm),
+                ringtree.reduce_init(np.arange(5) * (rank + 1), total if rank == n - 1 else None, root=n - 1, comm=comm)]
+    for _ in range(3):
+        blocks[:], gathered[:], total[:] = -1, -1, -1
+        for request in requests:
+            request.Start()
+        for request in requests:
+            request.Wait()
+        assert np.array_equal(blocks, theirs) and np.array_equal(gathered, everyone)
+        assert rank != n - 1 or np.array_equal(total, reduced)
+    for request in requests:
+        request.Free()
+    with pytest.raises(ValueError, match=f"ringtree allgather_init on rank {rank}: a persistent allgather needs recvbuf"):
+        ringtree.allgather_init(np.arange(3), None, comm=comm)

@@ -32,16 +32,19 @@ class CollectiveChoice(NamedTuple):
 # and ringtree wins where there is arithmetic to overlap with the messages.
 RULES: dict[str, dict[int, list[tuple[int | None, str, int | None]]]] = {
     "reduce_scatter": {
-        2: [(4 << 20, NATIVE, None), (None, "ring", 4 << 20)],
-        4: [(4 << 20, NATIVE, None), (None, "pairwise", 4 << 20)],
-        8: [(4 << 20, NATIVE, None), (None, "ring", 4 << 20)],
+        2: [(512 << 10, NATIVE, None), (None, "ring", 4 << 20)],
+        4: [(2 << 20, NATIVE, None), (None, "pairwise", 4 << 20)],
+        8: [(2 << 20, NATIVE, None), (None, "ring", 4 << 20)],
     },
     "allgather": {2: [(None, NATIVE, None)]},
     "broadcast": {
         2: [(None, NATIVE, None)],
         4: [(8 << 20, NATIVE, None), (None, "binomial", None)],
     },
-    "reduce": {2: [(4 << 20, NATIVE, None), (None, "rabenseifner", None)]},
+    "reduce": {
+        2: [(512 << 10, NATIVE, None), (None, "rabenseifner", None)],
+        4: [(1 << 20, NATIVE, None), (None, "rabenseifner", None)],
+    },
 }
 # Where MPI's own cannot run the call (device memory, a dtype or op MPI lacks): per collective, by size.
 WITHOUT_NATIVE = {
