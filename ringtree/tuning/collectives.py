@@ -26,32 +26,32 @@ class CollectiveChoice(NamedTuple):
     source: str  # why: "call" or "rules"
 
 
-# collective -> {rank count: rules tried in order: (largest message in bytes or None, algorithm,
-# segment bytes or None)}; a rank count not listed takes the nearest one's. Measured on a 2-core VM
+# collective -> {rank count: rules tried in order: (largest message in bytes or None, algorithm)};
+# a rank count not listed takes the nearest one's. Measured on a 2-core VM
 # (docs/collectives.md): over shared memory MPI's own moves data as fast as pipelined messages can,
 # and ringtree wins where there is arithmetic to overlap with the messages.
-RULES: dict[str, dict[int, list[tuple[int | None, str, int | None]]]] = {
+RULES: dict[str, dict[int, list[tuple[int | None, str]]]] = {
     "reduce_scatter": {
-        2: [(512 << 10, NATIVE, None), (None, "ring", 4 << 20)],
-        4: [(2 << 20, NATIVE, None), (None, "pairwise", 4 << 20)],
-        8: [(2 << 20, NATIVE, None), (None, "ring", 4 << 20)],
+        2: [(512 << 10, NATIVE), (None, "ring")],
+        4: [(2 << 20, NATIVE), (None, "pairwise")],
+        8: [(2 << 20, NATIVE), (None, "ring")],
     },
-    "allgather": {2: [(None, NATIVE, None)]},
+    "allgather": {2: [(None, NATIVE)]},
     "broadcast": {
-        2: [(None, NATIVE, None)],
-        4: [(8 << 20, NATIVE, None), (None, "binomial", None)],
+        2: [(None, NATIVE)],
+        4: [(8 << 20, NATIVE), (None, "binomial")],
     },
     "reduce": {
-        2: [(512 << 10, NATIVE, None), (None, "rabenseifner", None)],
-        4: [(1 << 20, NATIVE, None), (None, "rabenseifner", None)],
+        2: [(512 << 10, NATIVE), (None, "rabenseifner")],
+        4: [(1 << 20, NATIVE), (None, "rabenseifner")],
     },
 }
 # Where MPI's own cannot run the call (device memory, a dtype or op MPI lacks): per collective, by size.
 WITHOUT_NATIVE = {
-    "reduce_scatter": [(64 << 10, "pairwise", None), (None, "ring", 4 << 20)],
-    "allgather": [(64 << 10, "bruck", None), (None, "ring", None)],
-    "broadcast": [(256 << 10, "binomial", None), (None, "scatter_allgather", None)],
-    "reduce": [(64 << 10, "binomial", None), (None, "rabenseifner", None)],
+    "reduce_scatter": [(64 << 10, "pairwise"), (None, "ring")],
+    "allgather": [(64 << 10, "bruck"), (None, "ring")],
+    "broadcast": [(256 << 10, "binomial"), (None, "scatter_allgather")],
+    "reduce": [(64 << 10, "binomial"), (None, "rabenseifner")],
 }
 
 
@@ -63,10 +63,7 @@ def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", s
     if algorithm == "auto":
         source = "rules"
         rules = rules_for(collective, nranks) if native else WITHOUT_NATIVE[collective]
-        algorithm, rule_segment = next((name, size) for largest, name, size in rules
-                                       if largest is None or nbytes <= largest)
-        if segment is None:
-            segment = rule_segment
+        algorithm = next(name for largest, name in rules if largest is None or nbytes <= largest)
     if algorithm == NATIVE:
         return CollectiveChoice(NATIVE, 0, source)
     if segment is None:
@@ -74,7 +71,7 @@ def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", s
     return CollectiveChoice(algorithm, segment if nbytes > segment else 0, source)
 
 
-def rules_for(collective: str, nranks: int) -> list[tuple[int | None, str, int | None]]:
+def rules_for(collective: str, nranks: int) -> list[tuple[int | None, str]]:
     """RULES for `collective` at the measured rank count nearest `nranks` (the smaller of two as near)."""
     measured = RULES[collective]
     return measured[min(measured, key=lambda ranks: (abs(ranks - nranks), ranks))]
