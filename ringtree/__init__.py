@@ -26,13 +26,27 @@ commands/     python -m ringtree ...; nothing imports them
 from . import allreduce  # the module, callable as its allreduce()
 from .allreduce import Request, iallreduce
 from .buckets import GradientBucketer
-from .collectives import allgather, broadcast, iallgather, ibroadcast, ireduce, ireduce_scatter, reduce, reduce_scatter
+from .collectives import (
+    allgather,
+    allgather_init,
+    broadcast,
+    broadcast_init,
+    iallgather,
+    ibroadcast,
+    ireduce,
+    ireduce_scatter,
+    reduce,
+    reduce_init,
+    reduce_scatter,
+    reduce_scatter_init,
+)
 from .communicator import Communicator
 from .errors import MismatchError, PeerFailure, TimeoutError
 from .persistent import PersistentRequest, allreduce_init
 from .settings import SettingError
 from .version import __version__
 
-__all__ = ["allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "ireduce_scatter", "allgather", "iallgather",
-           "broadcast", "ibroadcast", "reduce", "ireduce", "Request", "PersistentRequest", "Communicator",
+__all__ = ["allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "ireduce_scatter", "reduce_scatter_init",
+           "allgather", "iallgather", "allgather_init", "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce",
+           "reduce_init", "Request", "PersistentRequest", "Communicator",
            "GradientBucketer", "MismatchError", "PeerFailure", "TimeoutError", "SettingError", "__version__"]

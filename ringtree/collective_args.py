@@ -58,13 +58,13 @@ def _reduce_scatter(rank, size, sendbuf, recvbuf, counts, op) -> Prepared:
         head = source[:mine]
         after, result = (lambda: head.__setitem__(Ellipsis, target)), recvbuf
     elif recvbuf is None:
-        target = result = _new(sendbuf, backend, (mine,), source.dtype)
+        result = _new(sendbuf, backend, (mine,), source.dtype)
         target = _flat_of(result)
     else:
         target = _receiving(recvbuf, source, backend, reduce_op, mine, f"rank {rank}'s block")
         result = recvbuf
-    return Prepared(Collective("reduce_scatter", counts), source.size, source, target, False, backend, reduce_op, result, after,
-                    _context(recvbuf if recvbuf is not None else sendbuf))
+    return Prepared(Collective("reduce_scatter", counts), source.size, source, target, False, backend, reduce_op,
+                    result, after, _context(recvbuf if recvbuf is not None else sendbuf))
 
 
 def _allgather(rank, size, sendbuf, recvbuf, counts) -> Prepared:
@@ -114,7 +114,8 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
     backend = _backend(source, "sendbuf", reduce_op)
     collective = Collective("reduce", (), root)
     if rank != root:  # its recvbuf, if any, is not looked at, as in MPI
-        return Prepared(collective, source.size, source, source[:0], False, backend, reduce_op, None, None, _context(sendbuf))
+        return Prepared(collective, source.size, source, source[:0], False, backend, reduce_op, None, None,
+                        _context(sendbuf))
     if inplace:
         target, result = source, recvbuf
     elif recvbuf is None:

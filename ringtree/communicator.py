@@ -14,8 +14,9 @@ from .request import MPIRequest, Request
 
 __all__ = ["Communicator"]
 
-# ringtree's functions per collective: blocking, nonblocking, persistent
-_FORMS = {name: (getattr(collectives, name), getattr(collectives, "i" + name), getattr(collectives, name + "_init"))
+# ringtree's function of each form of each collective
+_FORMS = {name: {"blocking": getattr(collectives, name), "nonblocking": getattr(collectives, "i" + name),
+                 "persistent": getattr(collectives, name + "_init")}
           for name in ("reduce_scatter", "allgather", "broadcast", "reduce")}
 
 
@@ -69,66 +70,66 @@ class Communicator(MPI.Intracomm):
                               timeout=self.timeout)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> None:
-        self._call(0, "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
+        self._call("blocking", "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM, *, algorithm="auto") -> MPIRequest | Request:
-        return self._call(1, "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
+        return self._call("nonblocking", "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL, *,
                                   algorithm="auto") -> PersistentRequest:
-        return self._call(2, "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
+        return self._call("persistent", "Reduce_scatter_block", algorithm, sendbuf, recvbuf, op)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *, algorithm="auto") -> None:
-        self._call(0, "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
+        self._call("blocking", "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, *,
                         algorithm="auto") -> MPIRequest | Request:
-        return self._call(1, "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
+        return self._call("nonblocking", "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
 
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, info=MPI.INFO_NULL, *,
                             algorithm="auto") -> PersistentRequest:
-        return self._call(2, "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
+        return self._call("persistent", "Reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op)
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm="auto") -> None:
-        self._call(0, "Allgather", algorithm, sendbuf, recvbuf)
+        self._call("blocking", "Allgather", algorithm, sendbuf, recvbuf)
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm="auto") -> MPIRequest | Request:
-        return self._call(1, "Allgather", algorithm, sendbuf, recvbuf)
+        return self._call("nonblocking", "Allgather", algorithm, sendbuf, recvbuf)
 
     def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
-        return self._call(2, "Allgather", algorithm, sendbuf, recvbuf)
+        return self._call("persistent", "Allgather", algorithm, sendbuf, recvbuf)
 
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm="auto") -> None:
-        self._call(0, "Allgatherv", algorithm, sendbuf, recvbuf)
+        self._call("blocking", "Allgatherv", algorithm, sendbuf, recvbuf)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, algorithm="auto") -> MPIRequest | Request:
-        return self._call(1, "Allgatherv", algorithm, sendbuf, recvbuf)
+        return self._call("nonblocking", "Allgatherv", algorithm, sendbuf, recvbuf)
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
-        return self._call(2, "Allgatherv", algorithm, sendbuf, recvbuf)
+        return self._call("persistent", "Allgatherv", algorithm, sendbuf, recvbuf)
 
     def Bcast(self, buf, root=0, *, algorithm="auto") -> None:
-        self._call(0, "Bcast", algorithm, buf, root)
+        self._call("blocking", "Bcast", algorithm, buf, root)
 
     def Ibcast(self, buf, root=0, *, algorithm="auto") -> MPIRequest | Request:
-        return self._call(1, "Bcast", algorithm, buf, root)
+        return self._call("nonblocking", "Bcast", algorithm, buf, root)
 
     def Bcast_init(self, buf, root=0, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
-        return self._call(2, "Bcast", algorithm, buf, root)
+        return self._call("persistent", "Bcast", algorithm, buf, root)
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto") -> None:
-        self._call(0, "Reduce", algorithm, sendbuf, recvbuf, op, root)
+        self._call("blocking", "Reduce", algorithm, sendbuf, recvbuf, op, root)
 
     def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, *, algorithm="auto") -> MPIRequest | Request:
-        return self._call(1, "Reduce", algorithm, sendbuf, recvbuf, op, root)
+        return self._call("nonblocking", "Reduce", algorithm, sendbuf, recvbuf, op, root)
 
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=MPI.INFO_NULL, *,
                     algorithm="auto") -> PersistentRequest:
-        return self._call(2, "Reduce", algorithm, sendbuf, recvbuf, op, root)
+        return self._call("persistent", "Reduce", algorithm, sendbuf, recvbuf, op, root)
 
-    def _call(self, form: int, method: str, algorithm: str, *arguments):
-        """mpi4py's `method` on ringtree, or MPI's own where ringtree does not compute it: blocking
-        (form 0, returns None), nonblocking (1: a request) or persistent (2)."""
+    def _call(self, form: str, method: str, algorithm: str, *arguments):
+        """mpi4py's `method` on ringtree, or MPI's own where ringtree does not compute it, in `form`:
+        "blocking" (returns None), "nonblocking" (a request) or "persistent" (a persistent request)."""
         try:
             call = translated(method, self, *arguments)
         except (TypeError, ValueError) as error:
@@ -136,16 +137,16 @@ class Communicator(MPI.Intracomm):
         if call.name is None:
             configure_debug_logging(MPI.COMM_WORLD.Get_rank())
             log.info("%s passed through to MPI's own: ringtree does not compute %s", method, call.why)
-            if form == 2:
+            if form == "persistent":
                 return getattr(MPI.Intracomm, method + "_init")(self, *arguments)
             started = getattr(MPI.Intracomm, "I" + method[0].lower() + method[1:])
             request = Request(MPIOwn(self, lambda: started(self, *arguments)), None)
         else:
             run = _FORMS[call.name][form]
             request = run(*call.arguments, comm=self, algorithm=algorithm, check=self.check, timeout=self.timeout)
-            if form != 1:
-                return None if form == 0 else request
-        if form == 0:
+            if form != "nonblocking":
+                return None if form == "blocking" else request
+        if form == "blocking":
             request.wait()
             return None
         return request if MPI.Query_thread() < MPI.THREAD_MULTIPLE else MPIRequest(request)
