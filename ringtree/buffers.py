@@ -20,10 +20,10 @@ from .debug import configure_debug_logging, log
 from .ops import op_name, parse_op
 from .request import Request
 from .runtime.backend import NoDevice, backend_for, cupy_backend
-from .runtime.engine import IN_FLIGHT, progress_others
+from .runtime.native import MPIOwn
 from .tensors import is_tensor
 
-__all__ = ["Converted", "converted", "converted_call", "PassedThrough", "as_array", "is_plain_call", "passes_through"]
+__all__ = ["Converted", "converted", "converted_call", "passed_through", "as_array", "is_plain_call", "passes_through"]
 
 
 class Converted(NamedTuple):
@@ -89,7 +89,7 @@ def converted_call(run, start, sendbuf, recvbuf, op, comm, *arguments):
             raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: sendbuf is MPI.IN_PLACE, so recvbuf "
                              "must hold the input, but it is None")
         result = recvbuf if call is None else call.result if call.result is not None else np.empty_like(call.send)
-        through = PassedThrough(comm, sendbuf, result if call is None or call.recv is None else call.recv, op, why)
+        through = passed_through(comm, sendbuf, result if call is None or call.recv is None else call.recv, op, why)
         if blocking:
             through.wait()
             return result
@@ -252,26 +252,10 @@ def passes_through(op, *specs) -> str | None:
     return None
 
 
-class PassedThrough:
+def passed_through(comm: MPI.Intracomm, sendbuf, recvbuf, op, why: str) -> MPIOwn:
     """MPI's own Iallreduce of a call that ringtree does not reduce (`passes_through`), on the caller's
-    buffers as given; its waits progress ringtree's collectives in flight, as native calls' do."""
-
-    __slots__ = ("comm", "request", "done")
-
-    def __init__(self, comm: MPI.Intracomm, sendbuf, recvbuf, op, why: str) -> None:
-        configure_debug_logging(MPI.COMM_WORLD.Get_rank())
-        log.info("allreduce passed through to MPI's own: ringtree does not reduce %s", why)
-        self.comm, self.done = comm, False
-        start = MPI.Intracomm.Iallreduce  # mpi4py's own, also on a ringtree.Communicator
-        self.request = start(comm, MPI.IN_PLACE if sendbuf is None else sendbuf, recvbuf, op)
-
-    def test(self) -> bool:
-        if not self.done:
-            progress_others()
-            self.done = self.request.Test()
-        return self.done
-
-    def wait(self) -> None:
-        if not self.done:
-            IN_FLIGHT.progress_until(self.request.Test)
-            self.done = True
+    buffers as given; its waits progress ringtree's collectives in flight."""
+    configure_debug_logging(MPI.COMM_WORLD.Get_rank())
+    log.info("allreduce passed through to MPI's own: ringtree does not reduce %s", why)
+    start = MPI.Intracomm.Iallreduce  # mpi4py's own, also on a ringtree.Communicator
+    return MPIOwn(comm, lambda: start(comm, MPI.IN_PLACE if sendbuf is None else sendbuf, recvbuf, op))

@@ -8,9 +8,10 @@ from mpi4py import MPI
 from . import collectives
 from .allreduce import allreduce, iallreduce
 from .debug import configure_debug_logging, log
-from .mpi_style import MPIOwn, translated
+from .mpi_style import translated
 from .persistent import PersistentRequest, allreduce_init
 from .request import MPIRequest, Request
+from .runtime.native import MPIOwn
 
 __all__ = ["Communicator"]
 

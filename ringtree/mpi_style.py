@@ -11,9 +11,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .buffers import as_array, passes_through
-from .runtime.engine import IN_FLIGHT, progress_others
 
-__all__ = ["Translated", "translated", "MPIOwn"]
+__all__ = ["Translated", "translated"]
 
 
 class Translated(NamedTuple):
@@ -103,24 +102,3 @@ def _counted(*specs) -> str:
         if isinstance(spec, (list, tuple)) and any(isinstance(item, (int, np.integer, tuple)) for item in spec[1:]):
             return "a buffer specification with a count"
     return ""
-
-
-class MPIOwn:
-    """MPI's own nonblocking collective, started by `start()`: what a Request tests and waits on; its
-    waits progress ringtree's collectives in flight."""
-
-    __slots__ = ("comm", "request", "done")
-
-    def __init__(self, comm, start) -> None:
-        self.comm, self.request, self.done = comm, start(), False
-
-    def test(self) -> bool:
-        if not self.done:
-            progress_others()
-            self.done = self.request.Test()
-        return self.done
-
-    def wait(self) -> None:
-        if not self.done:
-            IN_FLIGHT.progress_until(self.request.Test)
-            self.done = True

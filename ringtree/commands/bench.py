@@ -34,7 +34,7 @@ from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support
 from .arguments import UsageError, at_least, comma_list, dtype, output_path, parse_size, positive, sizes_from_args
 from .bench_collectives import run_collective
-from .measure import across_ranks, exact_inputs, in_pass_order, time_in_turns
+from .measure import across_ranks, exact_inputs, in_pass_order, table_rows, time_in_turns
 
 NATIVE = "native"
 ROUNDTRIP = "roundtrip"
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         print(f"# ringtree bench: {size} ranks, {dtype}, {op.value}, {'in place' if args.inplace else 'out of place'}, "
               f"{'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"
               + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
-        print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>10} {'time us':>10} "
+        print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>18} {'time us':>10} "
               f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x ' + (baseline or '-'):>8}")
     progress = None
     if rank == 0 and args.passes > 1:  # the table comes at the end: show the passes going by, on a terminal
@@ -132,14 +132,14 @@ def run(args: argparse.Namespace) -> list[dict]:
         for count in in_pass_order(counts, k):
             passes[count].append(_measure_size(comm, algorithms, count, dtype, op, args))
             if args.passes == 1:
-                rows += _rows(comm, algorithms, count, dtype, op, passes[count], baseline)
+                rows += table_rows(comm, "allreduce", algorithms, count, dtype, op, passes[count], baseline)
             elif progress is not None:
                 progress.update()
     if args.passes > 1:
         if progress is not None:
             progress.close()
         for count in counts:
-            rows += _rows(comm, algorithms, count, dtype, op, passes[count], baseline)
+            rows += table_rows(comm, "allreduce", algorithms, count, dtype, op, passes[count], baseline)
     return _written(args, comm, rows, baseline)
 
 
@@ -180,31 +180,6 @@ def _measure_size(comm, algorithms, count, dtype, op, args) -> tuple[dict, dict]
     # which changes neither the work nor its time: numpy need not warn about it.
     with np.errstate(over="ignore" if args.inplace else "warn"):
         return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong
-
-
-def _rows(comm, algorithms, count, dtype, op, passes: list[tuple[dict, dict]], baseline) -> list[dict]:
-    """A size's table rows from its passes (median time, most wrong elements), printed on rank 0."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    nbytes = count * dtype.itemsize
-    median = {name: float(np.median([times[name] for times, _ in passes])) for name in algorithms}
-    rows = []
-    for name in algorithms:
-        seconds = median[name]
-        algbw = nbytes / seconds / 1e9
-        row = {"size": nbytes, "count": count, "type": str(dtype), "redop": op.value, "algorithm": name,
-               "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * 2 * (size - 1) / size,
-               "wrong": max(wrong[name] for _, wrong in passes)}
-        if len(passes) > 1:
-            row["passes_us"] = [times[name] * 1e6 for times, _ in passes]
-        if baseline is not None:
-            row[f"vs_{baseline}"] = median[baseline] / seconds
-        rows.append(row)
-        if rank == 0:
-            ratio = f"{row[f'vs_{baseline}']:8.2f}" if baseline is not None else f"{'-':>8}"
-            print(f"  {row['size']:>10} {count:>10} {str(dtype):>8} {op.value:>5} {name:>10} "
-                  f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
-                  flush=True)
-    return rows
 
 
 def _call(comm, name, data, out, op, args):

@@ -15,16 +15,11 @@ from mpi4py import MPI
 
 from .. import collectives
 from ..ops import MPI_OP, ReduceOp
-from .measure import across_ranks, in_pass_order, time_in_turns
+from .measure import across_ranks, in_pass_order, table_rows, time_in_turns
 
-__all__ = ["run_collective", "bus_factor"]
+__all__ = ["run_collective"]
 
 NATIVE = "native"
-
-
-def bus_factor(collective: str, nranks: int) -> float:
-    """busbw / algbw: what each rank's links carry of the size, at best."""
-    return (nranks - 1) / nranks if collective in ("reduce_scatter", "allgather") else 1.0
 
 
 def run_collective(args, comm) -> list[dict]:
@@ -46,7 +41,7 @@ def run_collective(args, comm) -> list[dict]:
             passes[count].append(_measure(comm, name, algorithms, count, dtype, op, args))
     rows = []
     for count in counts:
-        rows += _rows(comm, name, algorithms, count, dtype, op if reducing else None, passes[count], baseline)
+        rows += table_rows(comm, name, algorithms, count, dtype, op if reducing else None, passes[count], baseline)
     return rows
 
 
@@ -103,28 +98,3 @@ def _measure(comm, name, algorithms, count, dtype, op, args) -> tuple[dict, dict
         wrong.append(np.count_nonzero(out != expected) if checked else 0)
     wrong = dict(zip(algorithms, map(int, across_ranks(comm, wrong, MPI.SUM))))
     return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong
-
-
-def _rows(comm, name, algorithms, count, dtype, op, passes, baseline) -> list[dict]:
-    rank, size = comm.Get_rank(), comm.Get_size()
-    nbytes = count * dtype.itemsize
-    median = {algorithm: float(np.median([times[algorithm] for times, _ in passes])) for algorithm in algorithms}
-    rows = []
-    for algorithm in algorithms:
-        seconds = median[algorithm]
-        algbw = nbytes / seconds / 1e9
-        row = {"collective": name, "size": nbytes, "count": count, "type": str(dtype),
-               "redop": op.value if op is not None else None, "algorithm": algorithm, "time_us": seconds * 1e6,
-               "algbw": algbw, "busbw": algbw * bus_factor(name, size),
-               "wrong": max(wrong[algorithm] for _, wrong in passes)}
-        if len(passes) > 1:
-            row["passes_us"] = [times[algorithm] * 1e6 for times, _ in passes]
-        if baseline is not None:
-            row[f"vs_{baseline}"] = median[baseline] / seconds
-        rows.append(row)
-        if rank == 0:
-            ratio = f"{row[f'vs_{baseline}']:8.2f}" if baseline is not None else f"{'-':>8}"
-            print(f"  {nbytes:>10} {count:>10} {str(dtype):>8} {op.value if op else '-':>5} {algorithm:>18} "
-                  f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
-                  flush=True)
-    return rows

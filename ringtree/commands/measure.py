@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
 
-__all__ = ["in_pass_order", "exact_inputs", "time_in_turns", "across_ranks"]
+__all__ = ["in_pass_order", "exact_inputs", "time_in_turns", "across_ranks", "bus_factor", "table_rows"]
 
 
 def in_pass_order(sizes: list, k: int) -> list:
@@ -66,3 +66,39 @@ def across_ranks(comm, values, op):
     result = np.empty_like(local)
     comm.Allreduce(local, result, op)
     return result
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """busbw / algbw, as nccl-tests has it: what each rank's links carry of the size, at best."""
+    if collective == "allreduce":
+        return 2 * (nranks - 1) / nranks
+    return (nranks - 1) / nranks if collective in ("reduce_scatter", "allgather") else 1.0
+
+
+def table_rows(comm, collective: str, algorithms, count: int, dtype, op, passes: list[tuple[dict, dict]],
+               baseline) -> list[dict]:
+    """A size's bench rows from its passes ({algorithm: seconds}, {algorithm: wrong elements}): the
+    median time, the most wrong elements, nccl-tests' algbw and busbw, the ratio to `baseline`;
+    printed on rank 0. `op` None for a collective that reduces nothing."""
+    nbytes = count * dtype.itemsize
+    median = {name: float(np.median([times[name] for times, _ in passes])) for name in algorithms}
+    redop = op.value if op is not None else None
+    rows = []
+    for name in algorithms:
+        seconds = median[name]
+        algbw = nbytes / seconds / 1e9
+        row = {"collective": collective, "size": nbytes, "count": count, "type": str(dtype), "redop": redop,
+               "algorithm": name, "time_us": seconds * 1e6, "algbw": algbw,
+               "busbw": algbw * bus_factor(collective, comm.Get_size()),
+               "wrong": max(wrong[name] for _, wrong in passes)}
+        if len(passes) > 1:
+            row["passes_us"] = [times[name] * 1e6 for times, _ in passes]
+        if baseline is not None:
+            row[f"vs_{baseline}"] = median[baseline] / seconds
+        rows.append(row)
+        if comm.Get_rank() == 0:
+            ratio = f"{row[f'vs_{baseline}']:8.2f}" if baseline is not None else f"{'-':>8}"
+            print(f"  {nbytes:>10} {count:>10} {str(dtype):>8} {redop or '-':>5} {name:>18} "
+                  f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
+                  flush=True)
+    return rows

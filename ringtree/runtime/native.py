@@ -12,12 +12,12 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
-from .engine import SPINS_BEFORE_YIELD, back_off, progress_others
+from .engine import IN_FLIGHT, SPINS_BEFORE_YIELD, back_off, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .stalls import watched
 
 __all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "run_started", "native_runner",
-           "start_native", "free_plan"]
+           "start_native", "free_plan", "MPIOwn"]
 
 # Up to this size a call goes through a persistent request (Allreduce_init) on a buffer of the plan's
 # own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
@@ -220,3 +220,25 @@ def _polled(request: MPI.Request, state, seq: int, signature: Signature) -> None
 
 def _bytes(array: np.ndarray) -> memoryview:
     return memoryview(array).cast("B")
+
+
+class MPIOwn:
+    """MPI's own nonblocking collective, started by `start()`, that ringtree does not compute (a
+    user-defined op, a derived datatype, ...): what a Request tests and waits on; its waits progress
+    ringtree's collectives in flight."""
+
+    __slots__ = ("comm", "request", "done")
+
+    def __init__(self, comm, start) -> None:
+        self.comm, self.request, self.done = comm, start(), False
+
+    def test(self) -> bool:
+        if not self.done:
+            progress_others()
+            self.done = self.request.Test()
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            IN_FLIGHT.progress_until(self.request.Test)
+            self.done = True
