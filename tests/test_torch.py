@@ -127,3 +127,27 @@ def test_ddp_with_ringtrees_hook_matches_ddps_own_allreduce_and_is_the_same_on_e
     if not same_on_all_ranks(comm, np.concatenate([p.numpy().ravel() for p in ours])):
         failures.append(f"{name}: ranks ended with different parameters")
     assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_other_collectives_take_tensors_and_give_tensors(comm, dtype):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    values = _values(rank, 4 * size)
+    total = _native_sum(comm, values.astype(np.float64))
+    tensor = torch.tensor(values).to(dtype)
+    failures = []
+    block = ringtree.reduce_scatter(tensor, comm=comm)
+    if not isinstance(block, torch.Tensor) or not torch.equal(block, torch.tensor(total[4 * rank:4 * rank + 4]).to(dtype)):
+        failures.append(f"reduce_scatter gave {block!r}")
+    gathered = ringtree.allgather(tensor[:4], comm=comm)
+    everyone = np.array(comm.allgather(values[:4]))
+    if not isinstance(gathered, torch.Tensor) or not torch.equal(gathered, torch.tensor(everyone).to(dtype)):
+        failures.append(f"allgather gave {gathered!r}")
+    buf = tensor.clone() if rank == 0 else torch.zeros_like(tensor)
+    ringtree.Communicator(comm).Bcast(buf, root=0)
+    if not torch.equal(buf, torch.tensor(_values(0, 4 * size)).to(dtype)):
+        failures.append(f"Bcast gave {buf[:5]}")
+    reduced = ringtree.reduce(tensor, root=size - 1, comm=comm)
+    if rank == size - 1 and not torch.equal(reduced, torch.tensor(total).to(dtype)):
+        failures.append(f"reduce gave {reduced!r}")
+    assert_everywhere(comm, failures)
