@@ -75,7 +75,7 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
         except TimeoutError as error:  # said of the user's call, not of the comparison's own allreduce
             state.broken = TimeoutError(
                 f"ringtree {name} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
-                f"{op}, algorithm {algorithm}): not every rank came to the comparison of this call's "
+                f"{op}, algorithm {algorithm}): not every rank came to {_comparison(name)} of this call's "
                 f"arguments (ringtree call #{seq}) within {timeout:g} s"
                 + _whereabouts(error.missing, error.elsewhere), error.missing, error.elsewhere)
             raise state.broken from None
@@ -97,8 +97,14 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
 def agreement_described(state, call: tuple) -> str:
     """The wait in agree(), as a stall warning names it."""
     count, dtype, op, algorithm, collective = call
-    return (f"{collective.split()[0]} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of "
-            f"{dtype.name}, {op}, algorithm {algorithm}), in the comparison of the ranks' arguments")
+    name = collective.split()[0]
+    return (f"{name} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of "
+            f"{dtype.name}, {op}, algorithm {algorithm}), in {_comparison(name)} of the ranks' arguments")
+
+
+def _comparison(collective: str) -> str:
+    """An allreduce compares its arguments in check mode only; a broadcast or reduce by default too."""
+    return "check mode's comparison" if collective == "allreduce" else "the comparison"
 
 
 def _code(text: str) -> int:
