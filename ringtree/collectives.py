@@ -240,7 +240,7 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     repeat = _Repeat((comm, *buffers), (), call, state, sign, dtype, None, None,
                      f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, agreement)
     _agree(repeat, comm)  # before the plan: making a native one is a collective
-    plan = _plan(call, state, sign, dtype, algorithm, segment)
+    plan = _plan(call, state, sign, dtype, algorithm, segment, timeout is None)
     written = tuple(value for value in buffers if type(value) is np.ndarray and value is call.result)
     native = _native_start(call, plan.op) if type(plan) is NativePlan else None
     repeat = repeat._replace(written=written, plan=plan, native=native)
@@ -296,14 +296,15 @@ class CollectivePlan(NamedTuple):
                 for name, size in self.compiled.schedule.scratch]
 
 
-def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None):
-    """The plan of the call's shape: built on the first call of it, looked up after."""
+def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None, untimed: bool):
+    """The plan of the call's shape: built on the first call of it, looked up after. MPI's own is a
+    candidate for `untimed` calls only: a wait inside it does not keep a timeout."""
     collective = call.collective
-    key = (collective, call.backend, algorithm, call.count, dtype, call.reduce_op, segment)
+    key = (collective, call.backend, algorithm, call.count, dtype, call.reduce_op, segment, untimed)
     plan = state.plans.get(key)
     if plan is not None:
         return plan
-    native_ok = call.backend is NumpyBackend and (call.reduce_op is None or reduces(dtype, call.reduce_op))
+    native_ok = untimed and call.backend is NumpyBackend and (call.reduce_op is None or reduces(dtype, call.reduce_op))
     choice = choose(collective.name, call.count * dtype.itemsize, state.size, algorithm, segment, native_ok)
     if choice.algorithm == NATIVE:
         if state.make_room():  # it freed a native plan, which repeats may hold

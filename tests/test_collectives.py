@@ -356,3 +356,30 @@ def test_persistent_collectives_give_mpi_s_result_at_every_start(comm):
         request.Free()
     with pytest.raises(ValueError, match=f"ringtree allgather_init on rank {rank}: a persistent allgather needs recvbuf"):
         ringtree.allgather_init(np.arange(3), None, comm=comm)
+
+
+@pytest.mark.parametrize("name", ["reduce_scatter", "allgather", "broadcast", "reduce"])
+def test_a_rank_that_never_joins_gives_a_timeout_not_a_hang(comm, name):
+    if comm.size < 2:
+        pytest.skip("needs a rank to stay away")
+    import time
+    local, missing = comm.Dup(), comm.size - 1
+    ringtree.allgather(np.ones(1), comm=local)  # sets the communicator up: every rank takes part
+    outcome = "stayed away"
+    if comm.rank != missing:
+        x = np.ones(1024 * comm.size)
+        options = dict(comm=local, timeout=1.0)
+        call = {"reduce_scatter": lambda: ringtree.reduce_scatter(x, **options),
+                "allgather": lambda: ringtree.allgather(x, **options),
+                "broadcast": lambda: ringtree.broadcast(x, 0, **options),
+                "reduce": lambda: ringtree.reduce(x, root=0, **options)}[name]
+        started = time.perf_counter()
+        try:
+            call()
+            outcome = "done"  # a rank whose part needs nothing of the missing one's
+        except ringtree.TimeoutError:
+            outcome = f"timeout after {time.perf_counter() - started:.1f} s"
+    outcomes = comm.allgather(outcome)
+    timeouts = [o for o in outcomes if o.startswith("timeout")]
+    failures = [] if timeouts and all(float(o.split()[2]) < 5 for o in timeouts) else [outcomes]
+    assert_everywhere(comm, failures)
