@@ -248,8 +248,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
         raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
                         f"got {check!r}")
     state = comm_state(comm, timeout)
-    if state.broken is not None:
-        raise type(state.broken)(f"ringtree on rank {state.rank}: this communicator is unusable after: {state.broken}")
+    state.check_usable()
     if recvbuf is None:
         recvbuf = backend.empty_like(sendbuf)
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)

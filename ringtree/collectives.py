@@ -18,7 +18,7 @@ from mpi4py.util import dtlib
 
 from . import settings
 from .algorithms import GENERATORS
-from .allreduce import confirm_end
+from .allreduce import allreduce, confirm_end
 from .checks import checked_timeout
 from .collective_args import Prepared, prepared
 from .ops import ReduceOp
@@ -159,9 +159,7 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
     if repeat is None or not all(array.flags.writeable for array in repeat.written):
         repeat = _first(name, comm, algorithm, segment, check, timeout, buffers, key)  # agreed already
     else:
-        if repeat.state.broken is not None:
-            raise type(repeat.state.broken)(f"ringtree on rank {repeat.state.rank}: this communicator is unusable "
-                                            f"after: {repeat.state.broken}")
+        repeat.state.check_usable()
         _agree(repeat, comm)
     call, state = repeat.call, repeat.state
     with call.context:
@@ -222,10 +220,9 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     current = settings.current()
     timeout = checked_timeout(timeout, comm, current.timeout)
     state = comm_state(comm, timeout)
-    if state.broken is not None:
-        raise type(state.broken)(f"ringtree on rank {state.rank}: this communicator is unusable after: {state.broken}")
+    state.check_usable()
     op = call.reduce_op.value if call.reduce_op is not None else None
-    dtype = call.source.dtype if call.source.size or not call.target.size else call.target.dtype
+    dtype = call.source.dtype  # the target's too: collective_args makes them one
     collective = call.collective
     sign = signature(call.count, dtype, op, algorithm, segment, name, collective.root if name in ("broadcast", "reduce")
                      else None, collective.counts or None)
@@ -274,7 +271,6 @@ def _check_options(name, comm, algorithm, segment, check) -> None:
 
 
 def _agreement(record, low, comm, seconds) -> None:
-    from .allreduce import allreduce
     allreduce(record, low, MPI.MIN, comm=comm, check=False, algorithm="recursive_doubling", timeout=seconds)
 
 
@@ -327,7 +323,7 @@ def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
         native = NativeInFlight(plan, state, call.source, call.target, call.inplace, _nothing, repeat.what,
                                 repeat.native)
         return Request(native, call.result, call.after)
-    reduce, copy, divide = plan.backend.bind(plan.reduce) if plan.reduce is not None else (None, *_copying(plan))
+    reduce, copy, divide = plan.backend.bind(plan.reduce)  # plan.reduce None: a collective that reduces nothing
     scratch = plan.take_scratch()
 
     def finish() -> None:
@@ -343,12 +339,6 @@ def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
 
 def _nothing() -> None:
     pass
-
-
-def _copying(plan) -> tuple:
-    """(copy, divide) of a backend, for a collective that reduces nothing."""
-    _, copy, divide = plan.backend.bind(plan.backend.reducer(ReduceOp.SUM))
-    return copy, divide
 
 
 def _native_start(call: Prepared, op):

@@ -323,7 +323,8 @@ class InFlight:
                 idle += 1
                 if idle % LOOK_EVERY == 0:
                     if watch is None:
-                        # MPI's own and the other collectives tell a stall: only allreduce's tags show every mismatch
+                        # Another collective tells the others its signature once stalled: ranks that differ
+                        # on its root or blocks may send each other nothing that a tag would show.
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up,
                                       announce=execution.signature.collective != "allreduce")
                     watch.look()

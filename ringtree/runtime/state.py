@@ -114,6 +114,11 @@ class CommState:
         self.comm.Free()
         self.control.Free()
 
+    def check_usable(self) -> None:
+        """Raise the error that broke this communicator's ringtree state, if one did."""
+        if self.broken is not None:
+            raise type(self.broken)(f"ringtree on rank {self.rank}: this communicator is unusable after: {self.broken}")
+
     def make_room(self) -> bool:
         """Before a native plan is made: keep at most NATIVE_PLANS, each of which holds a communicator,
         freeing the oldest (plans are made at the same calls on every rank, so it is the same one).
