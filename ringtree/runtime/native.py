@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 from typing import NamedTuple
@@ -12,13 +13,18 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
-from .engine import IN_FLIGHT, SPINS_BEFORE_YIELD, back_off, progress_others
+from .engine import IN_FLIGHT, SLEEP_SECONDS, SPINS_BEFORE_YIELD, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .stalls import watched
 
 __all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "run_started", "native_runner",
            "start_native", "free_plan", "MPIOwn"]
 
+# How long a wait in MPI's own collective only polls and yields, before it looks for a mismatch and
+# sleeps between polls: MPI moves a large message between the ranks of a node only as fast as both
+# poll, and a look's probes slow a wait that shares a core with a peer's work; a mismatch is found
+# that much later.
+QUIET_SECONDS = 0.01
 # Up to this size a call goes through a persistent request (Allreduce_init) on a buffer of the plan's
 # own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
 # Iallreduce up to 16 KiB, in place or not (docs/algorithms.md); from 64 KiB the copies cost more.
@@ -205,17 +211,25 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
 
 def _polled(request: MPI.Request, state, seq: int, signature: Signature) -> None:
     test = request.Test
-    idle, watch = 0, None
+    idle, watch, since = 0, None, None
     while not test():
         idle += 1
         moved = progress_others()
-        if idle >= SPINS_BEFORE_YIELD:
-            if idle % LOOK_EVERY == 0:
+        if idle < SPINS_BEFORE_YIELD:
+            continue
+        if idle % LOOK_EVERY == 0:
+            if since is None:
+                since = time.perf_counter()
+            elif watch is not None or time.perf_counter() - since > QUIET_SECONDS:
                 if watch is None:
                     watch = Watch(state, seq, signature, announce=True)
                 watch.look()
-            if not moved:
-                back_off(idle)
+        if moved:
+            continue
+        if watch is None:
+            os.sched_yield()
+        else:
+            time.sleep(SLEEP_SECONDS)
 
 
 def _bytes(array: np.ndarray) -> memoryview:
