@@ -21,6 +21,7 @@ from .algorithms import GENERATORS
 from .allreduce import allreduce, confirm_end
 from .checks import checked_timeout
 from .collective_args import Prepared, prepared
+from .debug import log
 from .ops import ReduceOp
 from .persistent import PersistentRequest
 from .request import Request
@@ -302,6 +303,8 @@ def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment
         return plan
     native_ok = untimed and call.backend is NumpyBackend and (call.reduce_op is None or reduces(dtype, call.reduce_op))
     choice = choose(collective.name, call.count * dtype.itemsize, state.size, algorithm, segment, native_ok)
+    log.info("%s %d B %s on %d ranks: %s, segment %s, from %s", collective.name, call.count * dtype.itemsize, dtype,
+             state.size, choice.algorithm, f"{choice.segment} B" if choice.segment else "none", choice.source)
     if choice.algorithm == NATIVE:
         if state.make_room():  # it freed a native plan, which repeats may hold
             AGAIN.clear()

@@ -125,6 +125,52 @@ def _uneven(comm):
     return [(0, 1, 5, 0, 17, 2, 3, 11)[r % 8] for r in range(comm.size)]
 
 
+def failures_on(comm, name, algorithm, segment, made, host) -> list[str]:
+    """`name` run with `algorithm` on arrays that `made(numpy array)` gives (numpy's, CuPy's:
+    test_gpu.py), against MPI's own on the numpy arrays: int64 and float32, equal and uneven
+    blocks with zeros, every root; what differed, as text. `host(result)` is a result as numpy's."""
+    n, rank = comm.size, comm.rank
+    options = dict(comm=comm, algorithm=algorithm, segment=segment)
+    failures = []
+    for counts, dtype in [(c, np.dtype(t)) for c in ([3] * n, _uneven(comm)) for t in ("int64", "float32")]:
+        x = ((np.arange(sum(counts)) + 7 * rank) % 11 - 5).astype(dtype)
+        if name == "reduce_scatter":
+            expected = np.empty(counts[rank], dtype)
+            comm.Reduce_scatter(x, expected, counts)
+            cases = [(ringtree.reduce_scatter(made(x), counts=counts, **options), expected)]
+        elif name == "allgather":
+            expected = np.empty(sum(counts), dtype)
+            comm.Allgatherv(x[:counts[rank]].copy(), [expected, counts])
+            cases = [(ringtree.allgather(made(x[:counts[rank]].copy()), counts=counts, **options), expected)]
+        elif name == "broadcast":
+            cases = []
+            for root in range(n):
+                expected = x.copy()
+                comm.Bcast(expected, root)
+                cases.append((ringtree.broadcast(made(x), root, **options), expected))
+        else:
+            cases = []
+            for root in range(n):
+                expected = np.empty_like(x)
+                comm.Reduce(x, expected, MPI.SUM, root)
+                cases.append((ringtree.reduce(made(x), root=root, **options), expected if rank == root else None))
+        for got, expected in cases:
+            what = f"{name} {algorithm} segment {segment}, blocks {counts}, {dtype}"
+            if expected is None:
+                if got is not None:
+                    failures.append(f"{what}: a rank other than the root got {type(got).__name__}")
+            elif type(got) is not type(made(x[:0])):
+                failures.append(f"{what}: the result is {type(got).__name__}")
+            elif host(got).dtype != dtype or not np.array_equal(host(got), expected):
+                failures.append(f"{what}: the result differs from MPI's")
+    return failures
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_each_collective_s_auto_gives_mpi_s_result_for_every_root_and_blocks(comm, name):
+    assert_everywhere(comm, failures_on(comm, name, "auto", None, np.array, np.asarray))
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS["reduce_scatter"])
 @pytest.mark.parametrize("segment", [None, SEGMENT])
 def test_reduce_scatter_of_every_count_in_place_and_not(comm, algorithm, segment):

@@ -142,6 +142,48 @@ def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
         assert rules[rule]["algorithm"] in line
 
 
+def test_tune_collective_writes_the_fastest_measured_as_its_rules_and_auto_takes_them(tmp_path):
+    shipped = Path(ringtree.__file__).parent / "tuning" / "default.json"
+    table = tmp_path / "tuning.json"
+    table.write_text(shipped.read_text())
+    before = json.loads(table.read_text())
+    run = run_mpiexec(2, "-m", "ringtree", "tune", "--collective", "reduce", "-b", "1K", "-e", "64K", "-f", "8",
+                      "--iters", "3", "--segments", "16K", "-o", str(table))
+    assert run.returncode == 0, run.stdout + run.stderr
+    after = json.loads(table.read_text())
+    assert {key: after[key] for key in before if key != "collectives"} == {key: before[key] for key in before
+                                                                           if key != "collectives"}
+    assert {name: rules for name, rules in after["collectives"].items() if name != "reduce"} == {
+        name: rules for name, rules in before["collectives"].items() if name != "reduce"}
+    found = after["collectives"]["reduce"]["2"]
+    times: dict = {}
+    for m in found["measured"]:
+        times.setdefault(m["bytes"], {})[(m["algorithm"], m["segment"])] = m["seconds"]
+    assert sorted(times) == [1024, 8192, 65536]
+    assert set(times[65536]) == {("native", 0), ("binomial", 0), ("binomial", 16384), ("rabenseifner", 0),
+                                 ("rabenseifner", 16384)}
+    for kind, cases in (("rules", lambda timed: timed),
+                        ("without_native", lambda timed: {c: t for c, t in timed.items() if c[0] != "native"})):
+        rules = found[kind]
+        assert rules[0]["bytes"][0] == 0 and rules[-1]["bytes"][1] == 65536
+        for nbytes in (1024, 65536):  # the grid's ends: the case measured fastest there
+            rule = next(r for r in rules if r["bytes"][0] <= nbytes <= r["bytes"][1])
+            timed = cases(times[nbytes])
+            assert (rule["algorithm"], rule["segment"]) == min(timed, key=timed.get)
+    assert "reduce on 2 ranks, without_native: which algorithm wins" in run.stdout
+
+    script = ("import numpy as np; from ringtree import reduce; "
+              "[reduce(np.ones(n, np.float32)) for n in (256, 16384)]")
+    used = run_mpiexec(2, "-c", script, env={"RINGTREE_TUNING_FILE": str(table), "RINGTREE_DEBUG": "1"})
+    assert used.returncode == 0, used.stderr
+    logged = [line for line in used.stderr.splitlines() if line.startswith("ringtree: reduce")]
+    assert len(logged) == 2, used.stderr
+    for line, nbytes in zip(logged, (1024, 65536)):
+        i, rule = next((i, r) for i, r in enumerate(found["rules"]) if r["bytes"][0] <= nbytes <= r["bytes"][1])
+        assert f"reduce {nbytes} B float32 on 2 ranks: {rule['algorithm']}," in line
+        assert line.endswith(f"from table tuning.json reduce rules {i}")
+
+
 def test_tune_merge_retunes_only_its_sizes(tmp_path):
     from ringtree.tuning.selector import TuningTable
     shipped = Path(ringtree.__file__).parent / "tuning" / "default.json"
@@ -268,6 +310,10 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     (["bench", "--collective", "allgather", "--inplace"], "--collective allgather times numpy arrays out of place"),
     (["bench", "--collective", "gather"], "argument --collective: invalid choice: 'gather'"),
     (["tune", "--algorithms", "fastest"], "argument --algorithms: unknown algorithm 'fastest'"),
+    (["tune", "--collective", "reduce", "--algorithms", "ring"],
+     "--algorithms: ring is not a reduce algorithm; known: binomial, rabenseifner"),
+    (["tune", "--algorithms", "bruck"], "--algorithms: bruck is not an allreduce algorithm"),
+    (["tune", "--collective", "broadcast", "--merge"], "--merge re-tunes allreduce's rules; --collective broadcast"),
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1K", "--calibration", "missing.json"],
      "argument --calibration: cannot read missing.json: No such file or directory"),
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1K", "--calibration", "TRACE"],

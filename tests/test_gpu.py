@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from test_allreduce import ALGORITHMS, DTYPES, NATIVE, OPS, _native_result, _wire, exact_inputs, supported
+from test_collectives import ALGORITHMS as OTHER_ALGORITHMS
+from test_collectives import failures_on
 
 from conftest import assert_everywhere, value_bits
 from ringtree import settings
@@ -112,6 +114,18 @@ def test_segmented_messages_on_the_gpu(comm, algorithm):
     sums = [((MPI.SUM, ReduceOp.SUM), np.dtype(t), i % 2 == 1) for i, t in enumerate(("float32", "int64", "float64"))]
     assert_everywhere(comm, _check(comm, algorithm, (1 << 22) + 3, sums + [(("avg", ReduceOp.AVG), np.dtype("float64"),
                                                                             False)]))
+
+
+@pytest.mark.mpi
+@needs_gpu
+@pytest.mark.parametrize("name, algorithm", [(name, algorithm) for name, algorithms in OTHER_ALGORITHMS.items()
+                                             for algorithm in algorithms])
+@pytest.mark.parametrize("segment", [None, 64])
+def test_the_other_collectives_on_the_gpu(comm, name, algorithm, segment):
+    # CuPy arrays in and out, against MPI's own on host copies: every root, uneven blocks with zeros,
+    # whole and (64-byte segments) staged message by message.
+    _on_this_rank_device(comm)
+    assert_everywhere(comm, failures_on(comm, name, algorithm, segment, cupy.asarray, cupy.asnumpy))
 
 
 @pytest.mark.mpi

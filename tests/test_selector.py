@@ -177,15 +177,52 @@ def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
 
 
 def test_the_other_collectives_choose_by_size_at_the_nearest_measured_rank_count():
-    from ringtree.tuning.collectives import NATIVE, RULES, choose, rules_for
-    for collective, measured in RULES.items():
+    from ringtree.algorithms import GENERATORS
+    from ringtree.tuning.collectives import NATIVE, choose, rules_for
+    packaged = selector.packaged_table().collectives
+    assert set(packaged) == set(GENERATORS) - {"allreduce"}
+    for collective, measured in packaged.items():
         for nranks in range(1, 33):
             nearest = min(measured, key=lambda ranks: (abs(ranks - nranks), ranks))
-            assert rules_for(collective, nranks) is measured[nearest]
-            assert rules_for(collective, nranks)[-1][0] is None  # every size has a rule
-    assert choose("reduce_scatter", 512 << 10, 2).algorithm == NATIVE
-    assert choose("reduce_scatter", 64 << 20, 5)[:2] == ("pairwise", 1 << 20)
-    assert choose("reduce_scatter", 64 << 20, 16).algorithm == "ring"
+            for native, kind in ((True, "rules"), (False, "without_native")):
+                origin, rules = rules_for(collective, nranks, native)
+                assert origin == "ringtree/tuning/default.json" and rules is measured[nearest][kind]
+                for nbytes in (0, 8, 1 << 20, 1 << 30):  # every size has a rule: past the last, the last's
+                    rule = next((r for r in rules if nbytes <= r["bytes"][1]), rules[-1])
+                    assert choose(collective, nbytes, nranks, native=native).algorithm == rule["algorithm"]
+                assert all(rule["algorithm"] != NATIVE for rule in measured[nearest]["without_native"])
+
+
+def _collectives_table(rules, without=None):
+    return TuningTable({"format": selector.FORMAT, "rules": [], "collectives": {"broadcast": {"2": {
+        "rules": rules, "without_native": without or [{"bytes": [0, 8], "algorithm": "binomial", "segment": 0}]}}}},
+        "mine.json")
+
+
+def test_a_tuning_file_s_collective_rules_replace_the_packaged_ones_and_only_for_its_collectives():
+    from ringtree.tuning.collectives import choose
+    selector.use_table(_collectives_table([{"bytes": [0, 1024], "algorithm": "native", "segment": 0},
+                                           {"bytes": [1025, 1 << 20], "algorithm": "chain", "segment": 65536}]))
+    try:
+        assert choose("broadcast", 1024, 2) == ("native", 0, "table mine.json broadcast rules 0")
+        assert choose("broadcast", 4096, 3) == ("chain", 0, "table mine.json broadcast rules 1")  # one segment: whole
+        assert choose("broadcast", 1 << 30, 2)[:2] == ("chain", 65536)  # past the largest size measured
+        assert choose("broadcast", 1 << 30, 2, segment=1 << 20)[:2] == ("chain", 1 << 20)  # the caller's segment
+        assert choose("broadcast", 4096, 2, native=False)[:2] == ("binomial", 0)
+        assert "default.json" in choose("reduce", 4096, 2).source  # a collective the file has no rules for
+    finally:
+        selector.use_table(None)
+
+
+@pytest.mark.parametrize("rules, message", [
+    ([{"bytes": [0, None], "algorithm": "ring", "segment": 0}], "broadcast on 2 ranks, rules 0 names unknown algorithm 'ring'"),
+    ([], "broadcast on 2 ranks has no 'rules'"),
+])
+def test_a_table_s_collective_rules_naming_what_the_collective_lacks_are_refused(rules, message):
+    with pytest.raises(ValueError, match=message):
+        _collectives_table(rules)
+    with pytest.raises(ValueError, match="names unknown collective 'gather'"):
+        TuningTable({"format": selector.FORMAT, "collectives": {"gather": {}}}, "mine.json")
 
 
 def test_the_other_collectives_take_the_callers_algorithm_and_segment_and_do_without_native():

@@ -19,6 +19,13 @@ class UsageError(Exception):
     """A command's arguments do not go together; main() prints it with the command's usage."""
 
 
+def not_its_algorithms(collective: str, unknown: list[str], known: list[str]) -> UsageError:
+    """The error of --algorithms naming `unknown`, which `collective` has none of."""
+    article = "an" if collective[0] in "aeiou" else "a"
+    return UsageError(f"--algorithms: {', '.join(unknown)} is not {article} {collective} algorithm; "
+                      f"known: {', '.join(known)}")
+
+
 def parse_size(text: str) -> int:
     """8, 4K, 1MiB, 1.5G: bytes."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")

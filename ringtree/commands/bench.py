@@ -32,7 +32,17 @@ from ..allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
 from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support
-from .arguments import UsageError, at_least, comma_list, dtype, output_path, parse_size, positive, sizes_from_args
+from .arguments import (
+    UsageError,
+    at_least,
+    comma_list,
+    dtype,
+    not_its_algorithms,
+    output_path,
+    parse_size,
+    positive,
+    sizes_from_args,
+)
 from .bench_collectives import run_collective
 from .measure import across_ranks, exact_inputs, in_pass_order, table_rows, time_in_turns
 
@@ -80,8 +90,7 @@ def check(args: argparse.Namespace) -> None:
             *sorted(known), "auto", NATIVE]
     unknown = [name for name in args.algorithms if name not in (*known, "auto", NATIVE, ROUNDTRIP)]
     if unknown:
-        raise UsageError(f"--algorithms: {', '.join(unknown)} is not a {args.collective} algorithm; "
-                         f"known: {', '.join(sorted(known))}, auto, native")
+        raise not_its_algorithms(args.collective, unknown, [*sorted(known), "auto", NATIVE])
     if args.collective != "allreduce" and (args.cupy or args.inplace):
         raise UsageError(f"--collective {args.collective} times numpy arrays out of place; leave out --cupy and "
                          "--inplace")

@@ -17,7 +17,7 @@ from .. import collectives
 from ..ops import MPI_OP, ReduceOp
 from .measure import across_ranks, in_pass_order, table_rows, time_in_turns
 
-__all__ = ["run_collective"]
+__all__ = ["run_collective", "measure", "NATIVE"]
 
 NATIVE = "native"
 
@@ -35,10 +35,11 @@ def run_collective(args, comm) -> list[dict]:
               + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
         print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>18} {'time us':>10} "
               f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x ' + (baseline or '-'):>8}")
+    cases = {algorithm: (algorithm, args.segment) for algorithm in algorithms}
     passes = {count: [] for count in counts}
     for k in range(args.passes):
         for count in in_pass_order(counts, k):
-            passes[count].append(_measure(comm, name, algorithms, count, dtype, op, args))
+            passes[count].append(measure(comm, name, cases, count, dtype, op, args, args.warmup))
     rows = []
     for count in counts:
         rows += table_rows(comm, name, algorithms, count, dtype, op if reducing else None, passes[count], baseline)
@@ -83,18 +84,21 @@ def _call(comm, name, algorithm, send, out, op, segment):
             "reduce": lambda: collectives.reduce(send, out, op, 0, **options)}[name]
 
 
-def _measure(comm, name, algorithms, count, dtype, op, args) -> tuple[dict, dict]:
+def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) -> tuple[dict, dict]:
+    """Each case's median seconds per call, the slowest rank's, timed in turns, and the elements its
+    result got wrong against native's (every rank's together), after `warmup` untimed calls of each.
+    `cases`: label -> (algorithm, segment)."""
     send, out = _buffers(comm, name, count, dtype)
     original = out.copy()
-    calls = {algorithm: _call(comm, name, algorithm, send, out, op, args.segment) for algorithm in algorithms}
+    calls = {label: _call(comm, name, algorithm, send, out, op, segment) for label, (algorithm, segment) in cases.items()}
     _call(comm, name, NATIVE, send, out, op, None)()
     expected = out.copy()
     wrong = []
-    for algorithm in algorithms:
+    for call in calls.values():
         out[...] = original
-        for _ in range(args.warmup + 1):
-            calls[algorithm]()
+        for _ in range(warmup + 1):
+            call()
         checked = name != "reduce" or comm.Get_rank() == 0  # a reduce's other ranks get nothing
         wrong.append(np.count_nonzero(out != expected) if checked else 0)
-    wrong = dict(zip(algorithms, map(int, across_ranks(comm, wrong, MPI.SUM))))
+    wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
     return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong

@@ -9,7 +9,14 @@ from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
 
-__all__ = ["in_pass_order", "exact_inputs", "time_in_turns", "across_ranks", "bus_factor", "table_rows"]
+__all__ = ["in_pass_order", "exact_inputs", "time_in_turns", "across_ranks", "bus_factor", "table_rows", "candidates",
+           "smoothed", "BLIP_WITHIN", "UNSPLIT_MAX_BYTES"]
+
+# A size whose winner differs from both its neighbours' (the same one) takes theirs where that is
+# slower by no more than this: on a noisy machine a near-tie would otherwise flip the table for one size.
+BLIP_WITHIN = 0.05
+# Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
+UNSPLIT_MAX_BYTES = 16 << 20
 
 
 def in_pass_order(sizes: list, k: int) -> list:
@@ -102,3 +109,23 @@ def table_rows(comm, collective: str, algorithms, count: int, dtype, op, passes:
                   f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
                   flush=True)
     return rows
+
+
+def candidates(nbytes: int, algorithms: list[str], segments: list[int]) -> list[tuple[str, int]]:
+    """(algorithm, segment) pairs worth timing at `nbytes`: unsplit if it is not huge, and every
+    segment size smaller than the message."""
+    splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in segments if s < nbytes]
+    return [(algorithm, segment) for algorithm in algorithms for segment in splits]
+
+
+def smoothed(times: list[dict]) -> list:
+    """The fastest case at each size (`times`: per size, ascending, seconds by case), except that a
+    lone size between two of another winner takes theirs where that is within BLIP_WITHIN. A
+    crossover stays where it was measured."""
+    best = [min(timed, key=timed.get) for timed in times]
+    chosen = list(best)
+    for i in range(1, len(times) - 1):
+        around = best[i - 1]
+        if around == best[i + 1] != best[i] and around in times[i] and times[i][around] <= (1 + BLIP_WITHIN) * times[i][best[i]]:
+            chosen[i] = around
+    return chosen

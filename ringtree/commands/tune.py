@@ -19,49 +19,65 @@ has rules for this rank count: each algorithm runs with the table's segment
 size for it, the rules for sizes above the grid point below -b up to -e are
 replaced, and the table's rules for smaller and larger sizes stay.
 
+With --collective reduce_scatter, allgather, broadcast or reduce it tunes that
+collective instead, MPI's own among the candidates of its rules, into the same
+file (tune_collectives.py says how).
+
     mpiexec -n 2 python -m ringtree tune -o tuning.json
     RINGTREE_TUNING_FILE=tuning.json mpiexec -n 2 python my_training.py
     mpiexec -n 2 python -m ringtree tune -b 8M -e 32M --merge -o tuning.json
+    mpiexec -n 2 python -m ringtree tune --collective reduce_scatter -b 64K -e 64M -o tuning.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import settings
-from ..algorithms import ALGORITHMS
+from ..algorithms import GENERATORS
 from ..allreduce import allreduce
 from ..runtime.state import cache_identity
 from ..tuning import cache
 from ..tuning.model import fit
 from ..tuning.online import NATIVE, Option, key_of
-from ..tuning.selector import FORMAT, SEGMENT_BYTES
-from .arguments import at_least, comma_list, format_size, output_path, parse_size, positive, size_list, sizes_from_args
-from .measure import exact_inputs, in_pass_order, time_in_turns
+from ..tuning.selector import SEGMENT_BYTES
+from .arguments import (
+    UsageError,
+    at_least,
+    comma_list,
+    format_size,
+    not_its_algorithms,
+    output_path,
+    parse_size,
+    positive,
+    size_list,
+    sizes_from_args,
+)
+from .measure import candidates, exact_inputs, in_pass_order, smoothed, time_in_turns
+from .table_file import read_table, write_table_file
+from .tune_collectives import SEGMENTS_OF_COLLECTIVES, run_collective
 
 SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
-# A size whose winner differs from both its neighbours' (the same one) takes theirs where that is
-# slower by no more than this: on a noisy machine a near-tie would otherwise flip the table for one size.
-BLIP_WITHIN = 0.05
-# Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
-UNSPLIT_MAX_BYTES = 16 << 20
 NATIVE_CASE = (NATIVE, 0)  # timed at every size too, for the tuning cache
+NAMES = list(dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-b", "--minbytes", type=at_least(1, parse_size), default=parse_size("8"), help="smallest size")
     parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
-    parser.add_argument("--algorithms", type=comma_list(list(ALGORITHMS)), default=",".join(ALGORITHMS),
-                        help="comma-separated algorithms to try")
-    parser.add_argument("--segments", type=size_list, default=",".join(f"{s >> 20}M" for s in SEGMENTS),
-                        help="segment sizes to try where a message is larger")
+    parser.add_argument("--collective", choices=list(GENERATORS), default="allreduce",
+                        help="the collective to tune (another than allreduce: tune_collectives.py says how)")
+    parser.add_argument("--algorithms", type=comma_list(NAMES), default=None,
+                        help="comma-separated algorithms to try (default: every one of the collective)")
+    parser.add_argument("--segments", type=size_list, default=None,
+                        help="segment sizes to try where a message is larger (default: "
+                             f"{', '.join(map(format_size, SEGMENTS))}; another collective's: "
+                             f"{', '.join(map(format_size, SEGMENTS_OF_COLLECTIVES))})")
     parser.add_argument("--passes", type=at_least(1), default=2, help="times over the whole grid, averaged")
     parser.add_argument("--iters", type=at_least(1), default=15, help="timed repetitions per size (fewer for big sizes)")
     parser.add_argument("--batch", type=positive, default=0.01, help="seconds of back-to-back calls per repetition")
@@ -75,15 +91,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "table's segment sizes; its rules for other sizes stay")
 
 
-def candidates(nbytes: int, algorithms: list[str], segments: list[int]) -> list[tuple[str, int]]:
-    """(algorithm, segment) pairs worth timing at `nbytes`: unsplit if it is not huge, and every
-    segment size smaller than the message."""
-    splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in segments if s < nbytes]
-    return [(algorithm, segment) for algorithm in algorithms for segment in splits]
+def check(args: argparse.Namespace) -> None:
+    """UsageError for arguments that do not go together; the collective's defaults filled in."""
+    known = GENERATORS[args.collective]
+    if args.algorithms is None:
+        args.algorithms = list(known)
+    unknown = [name for name in args.algorithms if name not in known]
+    if unknown:
+        raise not_its_algorithms(args.collective, unknown, list(known))
+    if args.segments is None:
+        args.segments = list(SEGMENTS if args.collective == "allreduce" else SEGMENTS_OF_COLLECTIVES)
+    if args.merge and args.collective != "allreduce":
+        raise UsageError(f"--merge re-tunes allreduce's rules; --collective {args.collective} tunes its whole grid")
 
 
 def run(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
+    if args.collective != "allreduce":
+        run_collective(args, comm)
+        return
     rank, nranks = comm.Get_rank(), comm.Get_size()
     algorithms = args.algorithms
     sizes = sizes_from_args(args)
@@ -198,13 +224,7 @@ def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list
     for nbytes in sizes:
         cases = {alg: _case(alg, nbytes, best_segments) for alg in algorithms}
         time_of.append({alg: mean[nbytes][case] for alg, case in cases.items() if case in mean[nbytes]})
-    best = [min(times, key=times.get) for times in time_of]
-    chosen = list(best)
-    for i in range(1, len(sizes) - 1):
-        around = best[i - 1]
-        if around == best[i + 1] != best[i] and around in time_of[i] \
-                and time_of[i][around] <= (1 + BLIP_WITHIN) * time_of[i][best[i]]:
-            chosen[i] = around
+    chosen = smoothed(time_of)
     return [(nbytes, alg, best_segments.get(alg, SEGMENT_BYTES), times[alg])
             for nbytes, alg, times in zip(sizes, chosen, time_of)]
 
@@ -270,18 +290,14 @@ def write_table(path: str, nranks: int, rules: list[dict], params, best_segments
                 measurements) -> None:
     """Write the rules, model and every case's time (`measurements`: (algorithm, nranks, bytes,
     segment, seconds)) for `nranks` into the table at `path`, keeping other rank counts'."""
-    data = _read_table(path)
+    data = read_table(path)
     kept = [rule for rule in data["rules"] if rule["ranks"] != [nranks, nranks]]
     data["rules"] = sorted(kept + rules, key=lambda rule: rule["ranks"][0])
     data["models"][str(nranks)] = params._asdict()
     data["segments"][str(nranks)] = best_segments
     data["measured"][str(nranks)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
                                      for a, _, b, s, t in measurements]
-    if note:
-        data["note"] = note
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+    write_table_file(path, data, note)
 
 
 def _table_to_merge(comm, path: str) -> dict:
@@ -290,7 +306,7 @@ def _table_to_merge(comm, path: str) -> dict:
     nranks, table, error = comm.Get_size(), None, None
     if comm.Get_rank() == 0:
         try:
-            table = _read_table(path)
+            table = read_table(path)
         except (OSError, ValueError, SystemExit) as failure:
             error = f"tune --merge: {failure}"
         else:
@@ -302,14 +318,3 @@ def _table_to_merge(comm, path: str) -> dict:
     if error:
         raise SystemExit(error)
     return table
-
-
-def _read_table(path: str) -> dict:
-    """The table at `path`, or an empty one where there is no file."""
-    data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "segments": {}, "measured": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            data.update(json.load(f))
-    if data.get("format") != FORMAT:
-        raise SystemExit(f"{path} is not a ringtree tuning table; not overwriting it")
-    return data

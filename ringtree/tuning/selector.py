@@ -12,9 +12,14 @@ Open MPI's dynamic rules):
                ...],                      # bytes: inclusive; null for no upper bound; segment 0: unsplit
      "models": {"2": {"alpha": 4e-06, "beta": 3e-10, "gamma": 2e-10}, ...},
      "segments": {"2": {"ring": 4194304, "double_tree": 2097152, ...}, ...},
-     "measured": {"2": [{"bytes": 8, "algorithm": "ring", "segment": 0, "seconds": 2.1e-05}, ...], ...}}
+     "measured": {"2": [{"bytes": 8, "algorithm": "ring", "segment": 0, "seconds": 2.1e-05}, ...], ...},
+     "collectives": {"reduce_scatter": {"2": {"rules": [{"bytes": [0, 524288], "algorithm": "native",
+                                                         "segment": 0}, ...],
+                                              "without_native": [...], "measured": [...]}, ...}, ...}}
 
-A rule may also list "dtypes" and "ops" it is limited to. Sizes or rank counts
+"collectives" holds the other collectives' rules (tuning/collectives.py reads them), per collective
+and rank count: by size, MPI's own ("native") a candidate, and "without_native" for calls it cannot
+run. A rule may also list "dtypes" and "ops" it is limited to. Sizes or rank counts
 no rule covers go to the α-β-γ model (ringtree.model) with the parameters
 fitted at the nearest measured rank count. "segments" gives, per rank count,
 the segment size for an algorithm a call names (or the model picks); "measured", the times the
@@ -32,11 +37,13 @@ from importlib import resources
 from typing import NamedTuple
 
 from .. import settings
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, GENERATORS
 from ..debug import log
 from .model import Params, predict
+from .online import NATIVE
 
-__all__ = ["Choice", "TuningTable", "select", "choice_of", "runs_stepwise", "use_table", "table", "identity", "log_choice",
+__all__ = ["Choice", "TuningTable", "select", "choice_of", "runs_stepwise", "use_table", "table", "packaged_table",
+           "identity", "log_choice",
            "STEPWISE_MAX_BYTES", "SEGMENT_BYTES", "WINDOW", "FALLBACK_MODEL", "FORMAT"]
 
 # Up to these sizes a blocking call of an unsegmented schedule takes the stepwise path
@@ -71,6 +78,9 @@ class TuningTable:
         for i, rule in enumerate(data.get("rules", [])):
             if rule.get("algorithm") not in ALGORITHMS:
                 raise ValueError(f"{origin}: rule {i} names unknown algorithm {rule.get('algorithm')!r}")
+        self.collectives = {name: {int(n): lists for n, lists in by_ranks.items()}
+                            for name, by_ranks in data.get("collectives", {}).items()}
+        _check_collectives(self.collectives, origin)
         self.origin = origin
         self.rules = data.get("rules", [])
         self.models = {int(n): Params(**p) for n, p in data.get("models", {}).items()}
@@ -116,6 +126,23 @@ class TuningTable:
         return max((float("inf") if end is None else end for end in ends), default=0)
 
 
+def _check_collectives(collectives: dict, origin: str) -> None:
+    """ValueError unless every rank count of every collective has rules by size for a call MPI's own
+    can run and for one it cannot, each naming an algorithm of that collective."""
+    for name, by_ranks in collectives.items():
+        if name not in GENERATORS or name == "allreduce":
+            raise ValueError(f"{origin}: \"collectives\" names unknown collective {name!r}")
+        for nranks, lists in by_ranks.items():
+            for kind, known in (("rules", (*GENERATORS[name], NATIVE)), ("without_native", GENERATORS[name])):
+                rules = lists.get(kind)
+                if not rules:
+                    raise ValueError(f"{origin}: {name} on {nranks} ranks has no {kind!r}")
+                for i, rule in enumerate(rules):
+                    if rule.get("algorithm") not in known:
+                        raise ValueError(f"{origin}: {name} on {nranks} ranks, {kind} {i} names unknown algorithm "
+                                         f"{rule.get('algorithm')!r}")
+
+
 def _nearest(by_ranks: dict, nranks: int) -> int:
     return min(by_ranks, key=lambda n: (abs(n - nranks), n))
 
@@ -127,11 +154,20 @@ def default_table() -> TuningTable:
             return TuningTable.load(path)
         except OSError as error:
             raise settings.SettingError(f"RINGTREE_TUNING_FILE={path!r}: {error.strerror}") from None
-    text = resources.files(__package__).joinpath("default.json").read_text()
-    return TuningTable(json.loads(text), "ringtree/tuning/default.json")
+    return packaged_table()
+
+
+def packaged_table() -> TuningTable:
+    """The table ringtree ships (ringtree/tuning/default.json)."""
+    global _packaged
+    if _packaged is None:
+        text = resources.files(__package__).joinpath("default.json").read_text()
+        _packaged = TuningTable(json.loads(text), "ringtree/tuning/default.json")
+    return _packaged
 
 
 _table: TuningTable | None = None
+_packaged: TuningTable | None = None
 
 
 def table() -> TuningTable:
