@@ -25,15 +25,17 @@ from .debug import log
 from .ops import ReduceOp
 from .persistent import PersistentRequest
 from .request import Request
-from .runtime import reliability
-from .runtime.again import AGAIN
+from .runtime import reliability, timeline
+from .runtime.again import AGAIN, steps_runner
 from .runtime.backend import NumpyBackend
 from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import LOCK, Execution
+from .runtime.engine import IN_FLIGHT, LOCK, Execution
 from .runtime.mismatch import Signature, signature
 from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_started
 from .runtime.one_caller import first_caller, one_caller
+from .runtime.stalls import watched
 from .runtime.state import comm_state
+from .runtime.stepwise import bound_steps
 from .runtime.threads import THREADED, get_ident
 from .schedule.lower import Shape
 from .schedule.staging import is_host
@@ -164,8 +166,14 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
         _agree(repeat, comm)
     call, state = repeat.call, repeat.state
     with call.context:
-        if blocking and repeat.native is not None:  # MPI's own, waited for here: no Request to make
-            run_started(repeat.plan, state, repeat.native, call.target, repeat.what)
+        if blocking and (repeat.native is not None or (
+                repeat.steps is not None and not (IN_FLIGHT.requests or IN_FLIGHT.queued or timeline.ACTIVE)
+                and (state.signatures or not THREADED[1]))):  # else it waits in MPI, where no other thread may
+            # MPI's own, or a step at a time: waited for here, with no Request to make
+            if repeat.native is not None:
+                run_started(repeat.plan, state, repeat.native, call.target, repeat.what)
+            else:
+                watched(repeat.steps, repeat.what)
             if call.after is not None:
                 call.after()
             return call.result
@@ -186,6 +194,7 @@ class _Repeat(NamedTuple):
     dtype: object
     plan: object
     native: object  # for a native plan: start(comm), MPI's own nonblocking collective of the call; else None
+    steps: object  # for a plan the stepwise path may run: a function of none running it on the call's arrays
     what: str  # the call as a stall warning names it
     timeout: float | None
     agreement: tuple | None  # (record, call, what) for reliability.agree, where the ranks compare the call first
@@ -235,13 +244,18 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
             f" blocks {list(sign.blocks)}" if sign.blocks else "")
         compared = (call.count, dtype, f"{op}", algorithm, described)
         agreement = (reliability.call_record(*compared), compared, reliability.agreement_described(state, compared))
-    repeat = _Repeat((comm, *buffers), (), call, state, sign, dtype, None, None,
+    repeat = _Repeat((comm, *buffers), (), call, state, sign, dtype, None, None, None,
                      f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, agreement)
     _agree(repeat, comm)  # before the plan: making a native one is a collective
     plan = _plan(call, state, sign, dtype, algorithm, segment, timeout is None)
     written = tuple(value for value in buffers if type(value) is np.ndarray and value is call.result)
     native = _native_start(call, plan.op) if type(plan) is NativePlan else None
-    repeat = repeat._replace(written=written, plan=plan, native=native)
+    steps = None
+    if type(plan) is CollectivePlan and plan.bound is not None and timeout is None:  # stepwise waits keep none
+        compiled_steps = plan.compiled.in_place_steps if call.inplace else plan.compiled.steps
+        steps = steps_runner(plan, state, bound_steps(compiled_steps, [call.source, call.target,
+                                                                       *plan.stepwise_scratch]), call.target)
+    repeat = repeat._replace(written=written, plan=plan, native=native, steps=steps)
     if key is not None and (call.result is None or written):
         if len(_REPEATS) >= _REPEATS_MAX:
             _REPEATS.clear()
@@ -285,10 +299,15 @@ class CollectivePlan(NamedTuple):
     dtype: object
     free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
     signature: Signature
+    bound: tuple | None  # the stepwise path's (reduce, copy, divide), where it may run the plan's steps
+    stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
 
     def take_scratch(self) -> list:
         if self.free_scratch:
             return self.free_scratch.pop()
+        return self.new_scratch()
+
+    def new_scratch(self) -> list:
         return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
                 for name, size in self.compiled.schedule.scratch]
 
@@ -312,10 +331,16 @@ def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment
         plan = native_plan(call.reduce_op, call.backend.divide, state, call.count, dtype, sign, persistent=False)
     else:
         segment_elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
+        # An unsplit schedule of host arrays may also run a step at a time (runtime/stepwise.py), as a
+        # blocking call with nothing else in flight does: unsplit, there is nothing for the engine to overlap.
+        stepwise = not segment_elements and not call.backend.asynchronous
         runnable = compiled(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
-                                  call.backend.staged, False, collective))
+                                  call.backend.staged, stepwise, collective))
         reduce = call.backend.reducer(call.reduce_op) if call.reduce_op is not None else None
-        plan = CollectivePlan(runnable, call.backend, reduce, call.reduce_op is ReduceOp.AVG, dtype, [], sign)
+        plan = CollectivePlan(runnable, call.backend, reduce, call.reduce_op is ReduceOp.AVG, dtype, [], sign,
+                              call.backend.bind(reduce) if stepwise else None, [])
+        if stepwise:
+            plan.stepwise_scratch.extend(plan.new_scratch())
     state.plans[key] = plan
     return plan
 

@@ -377,6 +377,24 @@ def test_ranks_that_disagree_on_the_root_all_get_an_error(comm):
     assert_everywhere(comm, failures)
 
 
+@pytest.mark.parametrize("name", ["reduce_scatter", "allgather"])
+def test_ranks_that_differ_in_a_call_run_a_step_at_a_time_all_get_an_error(comm, name):
+    """A blocking untimed call of an unsplit schedule runs stepwise: ranks that differ in its count
+    get MismatchError on every rank, not a wait for ever."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks to differ")
+    local, call = comm.Dup(), getattr(ringtree, name)
+    call(np.ones(4 * comm.size), algorithm="ring", comm=local)  # the communicator's first call, alike
+    failures = []
+    try:
+        call(np.ones((3 if comm.rank == 0 else 5) * comm.size), algorithm="ring", comm=local)
+        failures.append("no error")
+    except ringtree.MismatchError as error:
+        if f"on rank {comm.rank}" not in str(error):
+            failures.append(str(error))
+    assert_everywhere(comm, failures)
+
+
 def test_persistent_collectives_give_mpi_s_result_at_every_start(comm):
     n, rank = comm.size, comm.rank
     counts = _uneven(comm)
