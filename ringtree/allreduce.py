@@ -264,12 +264,13 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
                                                                  algorithm="recursive_doubling", timeout=seconds))
     call = trial = None
     if (algorithm == "auto" and segment is None and state.tuner is not None and current.algorithm is None
-            and not (current.tuning_file and table().match(target.nbytes, state.size, dtype.name, reduce_op.value))):
+            and not (current.tuning_file and table().match(target.nbytes, state.size, dtype.name, reduce_op.value,
+                                                             state.topology))):
         call, trial = _tuned_plan(state, comm, backend, target, reduce_op, inplace, timeout is None, timeout)
     if call is None:
         call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
         if call is None:
-            choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment)
+            choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment, state.topology)
             call = _plan(state, backend, choice, target, reduce_op, (backend, algorithm, target.size, dtype, reduce_op,
                                                                      segment), algorithm, segment)
     return call, state, source, target, recvbuf, inplace, timeout, trial
@@ -334,7 +335,7 @@ def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segmen
     stepwise = choice.stepwise and not backend.asynchronous
     runnable = compiled(Shape(choice.algorithm, state.size, state.rank, target.size,
                               max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW,
-                              backend.staged, stepwise))
+                              backend.staged, stepwise, topology=state.topology if state.topology.nodes > 1 else None))
     reduce = backend.reducer(reduce_op)
     call = state.plans[plan_key] = CallPlan(
         runnable, runnable.steps, runnable.in_place_steps, backend, reduce, backend.bind(reduce) if stepwise else None,

@@ -41,6 +41,7 @@ class Settings:
     cache_dir: str = ""  # where online tuning keeps what it learned; "" until read() fills it in
     stall_warning: float | None = 60.0  # seconds without progress before a warning; None: no warning
     signatures: bool = True  # calls' signatures in their messages' tags, compared (runtime/mismatch.py)
+    topology: str = "nodes"  # nodes: learn which ranks share a node; flat: treat all ranks as one node
 
 
 class Variable(NamedTuple):
@@ -94,6 +95,13 @@ def _tune(text: str) -> str:
 
 
 TUNE_MODES = ("online", "cache", "off")
+TOPOLOGIES = ("nodes", "flat")
+
+
+def _topology(text: str) -> str:
+    if text not in TOPOLOGIES:
+        raise ValueError
+    return text
 
 
 def _cuda_aware(text: str) -> bool:
@@ -114,6 +122,7 @@ VARIABLES = (
     Variable("RINGTREE_TUNE", "tune", "online, cache or off", _tune),
     Variable("RINGTREE_CACHE_DIR", "cache_dir", "a directory", str),
     Variable("RINGTREE_SIGNATURES", "signatures", "1, true, yes, on or 0, false, no, off", _flag),
+    Variable("RINGTREE_TOPOLOGY", "topology", "nodes or flat", _topology),
     Variable("RINGTREE_STALL_WARNING", "stall_warning", "a positive number of seconds, or 0 or off", _stall_warning),
 )
 

@@ -80,8 +80,10 @@ def test_without_exploring_only_committed_choices_are_given():
 
 
 def test_the_cache_keeps_choices_per_identity_and_survives_a_bad_file(tmp_path):
-    who = cache.identity(["b", "a", "b"], "MPI 1", "0.1")
+    who = cache.identity(["b", "a", "b"], (0, 1, 0), "MPI 1", "0.1")
     assert who["hosts"] == ["a", "b"] and who["layout"] == [1, 0, 1]
+    assert cache.path_for(str(tmp_path), cache.identity(["b", "a", "b"], (0, 0, 0), "MPI 1", "0.1")) != \
+        cache.path_for(str(tmp_path), who)  # one host name, but other nodes: another layout
     path = cache.path_for(str(tmp_path), who)
     choices = {Key(4, False, 4, True): Option(NATIVE, 0), Key(23, True, 4, False): Option("ring", 1 << 20)}
     cache.write(path, who, choices)

@@ -144,3 +144,36 @@ def output_path(text: str) -> str:
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     return text
+
+
+def layout(text: str) -> list[int]:
+    """An argparse type: ranks per node, as 2,2 or 2,1,2."""
+    try:
+        sizes = [int(word) for word in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not ranks per node like 2,2 or 2,1,2: {text}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"every node needs at least one rank: {text}")
+    return sizes
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layout", type=layout, help="ranks per node, e.g. 2,2 or 2,1,2 (default: one node)")
+    parser.add_argument("--placement", choices=("block", "round-robin"), default="block",
+                        help="with --layout: ranks 0..P-1 on node 0 and so on (block), or rank r on node r mod K")
+
+
+def topology_from(args: argparse.Namespace, nranks: int):
+    """The Topology of --layout and --placement for `nranks` ranks (None: one node); UsageError where
+    they disagree."""
+    from ..schedule.topology import Topology
+
+    if args.layout is None:
+        return None
+    if sum(args.layout) != nranks:
+        raise UsageError(f"--layout {','.join(map(str, args.layout))} has {sum(args.layout)} ranks, not {nranks}")
+    if args.placement == "round-robin":
+        if len(set(args.layout)) > 1:
+            raise UsageError("--placement round-robin takes an even --layout")
+        return Topology.of(rank % len(args.layout) for rank in range(nranks))
+    return Topology.parse(",".join(map(str, args.layout)))

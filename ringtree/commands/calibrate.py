@@ -19,6 +19,10 @@ selector gives it, and the simulator's costs are fitted to those times
 measurements; the simulator uses the better fit. Timing is bench's: turns in
 shuffled order, medians of the slower rank. Other ranks wait.
 
+On ranks MPI sees on several nodes (scripts/cluster, a cluster), rank 0 and the first rank of
+another node then exchange messages too, and α and β between nodes are fitted from them alone
+(`between_nodes` in the file: the simulator's cost of a message between nodes, with --layout).
+
 Everything is measured in `--passes` passes over the sizes (every other one
 from the largest size down), and each case keeps the median of its passes, the
 time of a typical run, which is what a bench run measures: a machine's speed
@@ -36,7 +40,8 @@ from mpi4py import MPI
 
 from ..algorithms import ALGORITHMS
 from ..allreduce import allreduce
-from ..sim.calibration import FORMAT, best_fit, fit_per_byte, fit_protocols, refitted
+from ..runtime.state import comm_state
+from ..sim.calibration import FORMAT, best_fit, fit_latency_and_per_byte, fit_per_byte, fit_protocols, refitted
 from ..tuning.selector import select
 from .arguments import UsageError, at_least, format_size, json_file, output_path, parse_size, size_grid
 from .measure import in_pass_order, time_in_turns
@@ -71,13 +76,41 @@ def run(args: argparse.Namespace) -> dict | None:
     if args.refit:
         return refit(args.refit, args.output)
     world = MPI.COMM_WORLD
+    topology = comm_state(world).topology
     pair = world.Split(0 if world.Get_rank() < 2 else MPI.UNDEFINED, world.Get_rank())
     result = None
     if pair != MPI.COMM_NULL:
         result = _calibrate(pair, args)
         pair.Free()
     world.Barrier()
+    if topology.nodes > 1:
+        # Rank 0 and the first rank of another node: messages between nodes, fitted on their own.
+        other = topology.ranks_on(1)[0]
+        across = world.Split(0 if world.Get_rank() in (0, other) else MPI.UNDEFINED, world.Get_rank())
+        if across != MPI.COMM_NULL:
+            between = _calibrate_between(across, args)
+            across.Free()
+            if result is not None:
+                result.update(between_nodes=between, topology=list(topology.node_of))
+                with open(args.output, "w") as f:
+                    json.dump(result, f, indent=1)
+                print(f"between nodes (ranks 0 and {other}): alpha {between['alpha']:.3g} s, "
+                      f"beta {between['beta']:.3g} s/B; written to {args.output}")
+        world.Barrier()
     return result
+
+
+def _calibrate_between(pair: MPI.Comm, args) -> dict:
+    """α and β of a Sendrecv exchange between two ranks on different nodes, 8 B to --maxbytes,
+    medians of --passes passes."""
+    sizes = size_grid(8, args.maxbytes, 4)
+    runs = {nbytes: [] for nbytes in sizes}
+    for k in range(args.passes):
+        for nbytes in in_pass_order(sizes, k):
+            runs[nbytes].append(_time_primitives(pair, nbytes, args.iters)["message"])
+    seconds = {n: float(np.median(times)) for n, times in runs.items()}
+    alpha, beta = fit_latency_and_per_byte(seconds)
+    return {"alpha": alpha, "beta": beta, "message_seconds": {str(n): t for n, t in seconds.items()}}
 
 
 def _calibrate(pair: MPI.Comm, args) -> dict:

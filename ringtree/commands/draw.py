@@ -1,6 +1,6 @@
 """`python -m ringtree draw`: a schedule as a flow diagram, from the schedules the engine runs.
 
-Ranks are lanes, time runs left to right in steps: the schedules are
+Ranks are lanes (grouped by node, with --layout), time runs left to right in steps: the schedules are
 simulated with unit costs (a message takes one step, a reduction or copy of
 the whole message a quarter), so every arrow is one message, from its sender
 when it starts to its receiver when it lands, labelled with the elements it
@@ -18,7 +18,7 @@ from ..schedule import OpKind
 from ..sim import Costs, simulate
 from ..sim.flat import flat_schedules
 from ..sim.simulator import collective_of
-from .arguments import UsageError, at_least, format_size, one_of, output_path, parse_size
+from .arguments import UsageError, add_layout_arguments, at_least, format_size, one_of, output_path, parse_size, topology_from
 
 MAX_RANKS = 32
 MAX_MESSAGES = 1000
@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itemsize", type=at_least(1), default=4, help="bytes per element (default 4, float32)")
     parser.add_argument("--segment", type=at_least(0, parse_size), default=0,
                         help="pipeline segments of this many bytes (default: not segmented)")
+    add_layout_arguments(parser)
     parser.add_argument("-o", "--output", type=output_path, default=None,
                         help="image file, .svg or .png (default: ALGORITHM.svg)")
 
@@ -46,6 +47,7 @@ def check(args: argparse.Namespace) -> None:
                          f"{', '.join(sorted(GENERATORS[args.collective]))}")
     if args.root >= args.ranks:
         raise UsageError(f"--root {args.root} is not one of the {args.ranks} ranks")
+    topology_from(args, args.ranks)
     if args.ranks > MAX_RANKS:
         raise UsageError(f"--ranks {args.ranks}: at most {MAX_RANKS} lanes are drawn (simulate gives the numbers "
                          "for any rank count)")
@@ -75,24 +77,36 @@ def run(args: argparse.Namespace) -> None:
     segment = max(1, args.segment // args.itemsize) if args.segment else 0
     name = args.algorithm if args.collective == "allreduce" else f"{args.collective}-{args.algorithm}"
     draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, args.output or f"{name}.svg",
-         segment=segment, collective=args.collective, root=args.root)
+         segment=segment, collective=args.collective, root=args.root, topology=topology_from(args, args.ranks))
 
 
 def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0, collective: str = "allreduce",
-         root: int = 0) -> None:
+         root: int = 0, topology=None) -> None:
     """Draw `algorithm` (of `collective`, from `root`) on `nranks` ranks for `count` elements, `segment`
-    elements per segment."""
+    elements per segment. With a `topology` of several nodes, the lanes go node by node, each node
+    shaded, and a message between nodes also waits for its nodes' links (one message each way)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    result = simulate(algorithm, nranks, count, Costs(alpha=1.0, beta=0.0, gamma=0.25 / max(count, 1)), itemsize=1,
-                      segment=segment, trace=True, collective=collective, root=root)
+    nodes = topology is not None and topology.nodes > 1
+    costs = Costs(alpha=1.0, beta=0.0, gamma=0.25 / max(count, 1), between_nodes=(1.0, 0.0) if nodes else None)
+    result = simulate(algorithm, nranks, count, costs, itemsize=1, segment=segment, trace=True, collective=collective,
+                      root=root, topology=topology if nodes else None)
+    lanes = topology.node_order if nodes else tuple(range(nranks))
+    lane = {rank: k for k, rank in enumerate(lanes)}  # a rank's lane, top to bottom
     width = max(6.0, 1.1 * result.time + 2)
     fig, ax = plt.subplots(figsize=(width, 0.9 * nranks + 1.4))
     for rank in range(nranks):
         ax.axhline(rank, color="0.85", lw=1, zorder=0)
+    if nodes:
+        for node in range(topology.nodes):
+            on = [lane[rank] for rank in topology.ranks_on(node)]
+            ax.axhspan(min(on) - 0.45, max(on) + 0.45, color="0.93" if node % 2 else "0.97", zorder=-1)
+            ax.text(-0.25, (min(on) + max(on)) / 2, f"node {node}", rotation=90, fontsize=7, ha="right",
+                    va="center", color="0.4")
     for event in result.events:
+        event = event._replace(rank=lane[event.rank], peer=None if event.peer is None else lane[event.peer])
         region = event.region
         label = f"{region.offset}" if region.count == 1 else f"{region.offset}:{region.offset + region.count}"
         if event.kind == "send":
@@ -112,14 +126,15 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0,
     ax.plot([], [], color="tab:blue", label="message (elements carried)")
     ax.plot([], [], "o", color="tab:orange", label="reduce")
     ax.plot([], [], "s", color="tab:green", label="copy")
-    ax.set_yticks(range(nranks), [f"rank {r}" for r in range(nranks)])
+    ax.set_yticks(range(nranks), [f"rank {r}" for r in lanes])
     ax.set_ylim(nranks - 0.4, -0.6)
     ax.set_xlim(-0.3, result.time + 0.3)
     ax.set_xlabel("steps (a message takes one)")
     sent = result.bytes_sent
     what = algorithm if collective == "allreduce" else f"{collective} {algorithm}" + (
         f" from root {root}" if collective in ("broadcast", "reduce") else "")
-    ax.set_title(f"{what}, {nranks} ranks, {count} elements: {result.time:g} steps; "
+    ax.set_title(f"{what}, {nranks} ranks" + (f" ({topology})" if nodes else "") + f", {count} elements: "
+                 f"{result.time:g} steps; "
                  f"elements sent per rank {min(sent)}" + (f"–{max(sent)}" if max(sent) != min(sent) else ""),
                  fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=7, frameon=False)

@@ -14,7 +14,7 @@ from ..algorithms import ALGORITHMS
 from ..sim import Costs, SimResult, simulate
 from ..sim.calibration import load
 from ..tuning.selector import FALLBACK_MODEL
-from .arguments import UsageError, at_least, format_size, one_of, output_path, parse_size
+from .arguments import UsageError, add_layout_arguments, at_least, format_size, one_of, output_path, parse_size, topology_from
 
 # Above this many lines of ranks with the same traffic, the table gives each column's range instead.
 MAX_LINES = 16
@@ -22,6 +22,8 @@ OVERRIDES = (("alpha", "seconds per message"), ("beta", "seconds per byte sent")
              ("gamma", "seconds per byte reduced"), ("overhead", "seconds per call"),
              ("alpha_rendezvous", "seconds per message above --eager-limit"),
              ("setup", "seconds a message holds both its ranks at its start"))
+BETWEEN = (("alpha_between", "seconds per message between nodes (with --layout)"),
+           ("beta_between", "seconds per byte sent between nodes, on the node's one link each way (with --layout)"))
 
 
 def calibration(path: str) -> Costs:
@@ -47,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the selector's fallback model)")
     for name, meaning in OVERRIDES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"{meaning} (overrides the calibration)")
+    for name, meaning in BETWEEN:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=meaning)
+    add_layout_arguments(parser)
     parser.add_argument("--eager-limit", type=at_least(0, parse_size), help="bytes: larger messages take --alpha-rendezvous")
     parser.add_argument("--stepwise", action="store_true",
                         help="each rank's ops a step at a time, as a blocking call runs an unsegmented schedule "
@@ -62,6 +67,11 @@ def costs_from(args: argparse.Namespace) -> Costs:
     overrides = {name: getattr(args, name) for name in (*dict(OVERRIDES), "eager_limit", "duplex")
                  if getattr(args, name) is not None}
     costs = costs._replace(**overrides)
+    between = [getattr(args, name) for name, _ in BETWEEN]
+    if any(value is not None for value in between):
+        if args.layout is None or None in between:
+            raise UsageError("--alpha-between and --beta-between go together, with --layout")
+        costs = costs._replace(between_nodes=tuple(between))
     try:
         costs.check()
     except ValueError as error:
@@ -71,6 +81,7 @@ def costs_from(args: argparse.Namespace) -> Costs:
 
 def check(args: argparse.Namespace) -> None:
     costs_from(args)
+    topology_from(args, args.ranks)
     if args.bytes % args.itemsize:
         raise UsageError(f"--bytes {args.bytes} is not a whole number of {args.itemsize}-byte elements")
     if args.stepwise and args.segment:
@@ -80,7 +91,7 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> SimResult:
     costs = costs_from(args)
     result = simulate(args.algorithm, args.ranks, args.bytes, costs, itemsize=args.itemsize, segment=args.segment,
-                      stepwise=args.stepwise, progress=True)
+                      stepwise=args.stepwise, progress=True, topology=topology_from(args, args.ranks))
     n, k = args.ranks, args.bytes
     ideal = 2 * (n - 1) * k / n
     rounding = ("exact: every chunk holds the same whole number of elements" if (k // args.itemsize) % n == 0 else
@@ -107,7 +118,10 @@ def _print_table(args, costs: Costs, result: SimResult, ideal: float, rounding: 
           f"overhead {costs.overhead:.3g} s"
           + (f", above {costs.eager_limit} B alpha {costs.alpha_rendezvous:.3g} s" if costs.eager_limit is not None
              else "") + ("" if costs.duplex else ", one port per rank")
-          + (f", setup {costs.setup:.3g} s" if costs.setup else ""))
+          + (f", setup {costs.setup:.3g} s" if costs.setup else "")
+          + (f"; {topology_from(args, n)}" if args.layout else "")
+          + (f", between nodes alpha {costs.between_nodes[0]:.3g} s, beta {costs.between_nodes[1]:.3g} s/B"
+             if costs.between_nodes else ""))
     print(f"predicted time: {result.time * 1e6:.2f} us; total bytes sent {sum(result.bytes_sent)}, "
           f"messages {sum(result.messages_sent)}")
     print(f"{'ranks':>12} {'bytes sent':>14} {'bytes recvd':>14} {'msgs sent':>10} {'msgs recvd':>10} "

@@ -40,7 +40,7 @@ from mpi4py import MPI
 from .. import settings
 from ..algorithms import GENERATORS
 from ..allreduce import allreduce
-from ..runtime.state import cache_identity
+from ..runtime.state import cache_identity, comm_state
 from ..tuning import cache
 from ..tuning.model import fit
 from ..tuning.online import NATIVE, Option, key_of
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> None:
                 progress.update(len(passes[nbytes][-1]))
     if progress is not None:
         progress.close()
-    who = cache_identity(comm)
+    who = cache_identity(comm, comm_state(comm).topology)
     if rank != 0:
         return
 

@@ -17,6 +17,7 @@ from mpi4py import MPI
 from .. import settings
 from ..debug import configure_debug_logging, log
 from ..errors import MismatchError, TimeoutError
+from ..schedule.topology import Topology
 from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
@@ -55,7 +56,7 @@ class CommState:
                 timeline.start(current.timeline)
             stalls.watch(current.stall_warning)
             mine = (f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}, "
-                    f"RINGTREE_SIGNATURES={int(current.signatures)}")
+                    f"RINGTREE_SIGNATURES={int(current.signatures)}, RINGTREE_TOPOLOGY={current.topology}")
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the CallPlan (or NativePlan) allreduce built on the first call
@@ -81,6 +82,7 @@ class CommState:
         if failure is not None:
             self.free()
             raise type(failure)(f"ringtree on rank {self.rank}: {failure}")
+        self.topology = _topology(self.comm) if current.topology == "nodes" else Topology.flat(self.size)
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
         self.cycle, self.codes, self.mask = self.layout.calls, self.layout.codes, self.layout.codes - 1
         self.calls = 0
@@ -97,7 +99,7 @@ class CommState:
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
         # {call number: {rank: its (seq, Signature, raised, reason, whether threads_bit is set)}}: others' signatures
         self.reports: dict = {}
-        self.tuner = None if current.tune == "off" else _tuner(self.comm, current)
+        self.tuner = None if current.tune == "off" else _tuner(self.comm, self.topology, current)
         self.signatures = current.signatures
 
     def free(self) -> None:
@@ -140,16 +142,27 @@ class CommState:
         return (seq % self.cycle) * self.codes + ((code ^ self.threads_bit) & self.mask)  # TagLayout.tag, inlined
 
 
-def cache_identity(comm: MPI.Comm) -> dict:
+def _topology(comm: MPI.Comm) -> Topology:
+    """Which ranks of `comm` share a node, as MPI's shared-memory split says: each rank's node is named
+    by its lowest rank. Collective; every rank is known to be here."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # ranks in comm's order: its rank 0 is the lowest
+    try:
+        lowest = node.Get_group().Translate_ranks([0], comm.Get_group())[0]
+    finally:
+        node.Free()
+    return Topology.of(comm.allgather(lowest))
+
+
+def cache_identity(comm: MPI.Comm, topology: Topology) -> dict:
     """The tuning cache's identity of `comm` (tuning/cache.py); collective."""
     mpi = " ".join(MPI.Get_library_version().splitlines()[0].split())
-    return cache.identity(comm.allgather(MPI.Get_processor_name()), mpi, __version__)
+    return cache.identity(comm.allgather(MPI.Get_processor_name()), topology.node_of, mpi, __version__)
 
 
-def _tuner(comm: MPI.Comm, current: settings.Settings) -> Tuner:
+def _tuner(comm: MPI.Comm, topology: Topology, current: settings.Settings) -> Tuner:
     """Online tuning for `comm`, starting from what the cache holds for its hosts and layout: rank 0
     reads the cache and sends it to the others, so all start alike; rank 0 writes what they commit."""
-    who = cache_identity(comm)
+    who = cache_identity(comm, topology)
     path = cache.path_for(current.cache_dir, who)
     committed = cache.parse(comm.bcast(cache.read(path) if comm.Get_rank() == 0 else None), who)
     rank = comm.Get_rank()
@@ -162,7 +175,7 @@ def _tuner(comm: MPI.Comm, current: settings.Settings) -> Tuner:
                 log.warning("ringtree: cannot write the tuning cache %s: %s", path, error.strerror)
 
     nranks = comm.Get_size()
-    tuner = Tuner(nranks, selector.table().model(nranks), committed, current.tune == "online", keep)
+    tuner = Tuner(nranks, selector.table().model(nranks), committed, current.tune == "online", keep, topology.nodes)
     if committed:
         log.info("tuning cache %s: %d choices for %d ranks", path, len(committed), nranks)
     return tuner

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..algorithms import GENERATORS
+from ..algorithms import GENERATORS, NODE_AWARE
 from .ir import ALLREDUCE, Collective, Schedule
 from .order import steps
 from .pipeline import segmented
 from .staging import staged
+from .topology import Topology
 
 __all__ = ["Shape", "Program", "lower"]
 
@@ -31,6 +32,8 @@ class Shape(NamedTuple):
     staged: bool = False  # messages through host memory (device buffers, an MPI that is not CUDA-aware)
     stepwise: bool = False  # also the steps of the stepwise path (unsegmented schedules only)
     collective: Collective = ALLREDUCE
+    topology: Topology | None = None  # which ranks share a node; None: one node
+
 
 
 class Program(NamedTuple):
@@ -47,7 +50,9 @@ def lower(shape: Shape) -> Program:
         raise ValueError(f"unknown {of}algorithm {shape.algorithm!r}; known: {', '.join(sorted(generators))}")
     if shape.stepwise and shape.segment:
         raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
-    schedule = generators[shape.algorithm](shape.nranks, shape.rank, shape.count, shape.collective)
+    node_aware = shape.topology is not None and shape.collective.name == "allreduce" and shape.algorithm in NODE_AWARE
+    schedule = generators[shape.algorithm](shape.nranks, shape.rank, shape.count, shape.collective,
+                                           **({"topology": shape.topology} if node_aware else {}))
     if shape.segment:
         schedule = segmented(schedule, shape.segment, shape.window)
     if shape.staged:

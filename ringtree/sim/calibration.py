@@ -109,6 +109,13 @@ def fit_protocols(seconds: dict[int, float]) -> tuple[float, float, int, float]:
     return best[1:]
 
 
+def fit_latency_and_per_byte(seconds: dict[int, float]) -> tuple[float, float]:
+    """(α, β) ≥ 0 minimising the relative error of α + β·bytes over {bytes: seconds}."""
+    sizes = np.array(list(seconds), float)
+    alpha, beta = relative_nnls(np.stack([np.ones_like(sizes), sizes], axis=1), np.array(list(seconds.values())))
+    return float(alpha), float(beta)
+
+
 def fit_per_byte(seconds: dict[int, float]) -> float:
     """γ ≥ 0 minimising the relative error of γ·bytes over {bytes: seconds}."""
     sizes = np.array(list(seconds), float)
@@ -122,13 +129,15 @@ def load(path: str, duplex: bool | None = None) -> Costs:
         data = json.load(f)
     if data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a ringtree calibration file (format {data.get('format')!r})")
+    between = data.get("between_nodes")  # measured on several nodes only
     if duplex is not None and "fits" in data:
         data = data["fits"]["full duplex" if duplex else "one port"]
     elif duplex is False and data.get("duplex", True):
         raise ValueError(f"{path} has no fit with one port per rank")
     return Costs(**{key: float(data[key]) for key in FITTED if key != "setup"},
                  setup=float(data.get("setup", 0.0)),  # files written before the setup cost have none
-                 eager_limit=int(data["eager_limit"]), duplex=bool(data.get("duplex", True)))
+                 eager_limit=int(data["eager_limit"]), duplex=bool(data.get("duplex", True)),
+                 between_nodes=(float(between["alpha"]), float(between["beta"])) if between else None)
 
 
 def refitted(data: dict) -> dict:

@@ -1,7 +1,8 @@
 """The event simulation: every rank's flat schedule, run as discrete events under the α-β-γ costs.
 
 A message starts once its send and its receive are both posted and its ports
-are free (and neither rank is in another message's setup); a reduction or copy
+are free (and neither rank is in another message's setup; and, between nodes, the
+sender's node's link out and the receiver's node's link in are free); a reduction or copy
 once its rank's processor is free. Whatever waits for a port or the processor
 gets it in the order it became ready, ties in schedule order. Every op's data
 and state are kept op by op across the ranks, op i of rank r at i·N + r: the
@@ -28,11 +29,12 @@ PROGRESS_EVERY_EVENTS = 1 << 16
 
 
 def run_events(schedules: list[FlatSchedule], call: Call, costs: Costs, trace: bool = False,
-               progress: bool = False) -> SimResult:
-    """Simulate `call` from every rank's flat schedule (flat_schedules) with these costs."""
+               progress: bool = False, node_of: tuple[int, ...] | None = None) -> SimResult:
+    """Simulate `call` from every rank's flat schedule (flat_schedules) with these costs; `node_of`,
+    each rank's node, where messages between nodes cost costs.between_nodes and take the nodes' links."""
     with without_gc(), progress_bar(progress, sum(len(s.kinds) for s in schedules), "simulating", "op") as bar:
         ops = _Ops.of(schedules, call.algorithm, call.nranks)
-        start, finish, done = _simulate(ops, costs, trace, bar)
+        start, finish, done = _simulate(ops, costs, trace, bar, node_of)
         return _result(schedules, ops, call, costs, start, finish, done)
 
 
@@ -67,12 +69,12 @@ class _Ops(NamedTuple):
         return ops
 
 
-def _simulate(ops: _Ops, costs: Costs, trace: bool, bar) -> tuple[list | None, list, list[int]]:
+def _simulate(ops: _Ops, costs: Costs, trace: bool, bar, node_of) -> tuple[list | None, list, list[int]]:
     """(start times where traced, finish times, ops done per rank)."""
     nranks, kind_of, peer_of, size_of, pending = ops.nranks, ops.kind, ops.peer, ops.size, ops.pending
     next_of, partner_of = ops.next_on_channel, ops.partner
     gamma = costs.gamma
-    ports = _ports(ops, costs, trace)
+    ports = _ports(ops, costs, trace, node_of)
     post, free, serve_after = ports.post, ports.free, ports.serve_after
     done = [0] * nranks
     cpu_busy = [False] * nranks
@@ -155,7 +157,25 @@ class _Ports(NamedTuple):
     setup_over: object  # (sender, receiver, now)
 
 
-def _ports(ops: _Ops, costs: Costs, trace: bool) -> _Ports:
+class _Links:
+    """Each node's one link out and one link in: a message between nodes holds both its nodes' links
+    that way, and costs costs.between_nodes. Without nodes told apart, every rank is on node 0."""
+
+    def __init__(self, costs: Costs, node_of, nranks: int) -> None:
+        split = node_of is not None and costs.between_nodes is not None and len(set(node_of)) > 1
+        self.node = list(node_of) if split else [0] * nranks
+        self.alpha, self.beta = costs.between_nodes if split else (costs.alpha, costs.beta)
+        nodes = max(self.node) + 1
+        self.out, self.into = [False] * nodes, [False] * nodes
+        self.on_node = [[r for r in range(nranks) if self.node[r] == n] for n in range(nodes)]
+
+    def hold(self, sender: int, receiver: int, held: bool) -> None:
+        """Take (or free) the links a message from `sender` to `receiver` needs, if any."""
+        if self.node[sender] != self.node[receiver]:
+            self.out[self.node[sender]] = self.into[self.node[receiver]] = held
+
+
+def _ports(ops: _Ops, costs: Costs, trace: bool, node_of) -> _Ports:
     nranks, kind_of, peer_of, partner_of, size_of = ops.nranks, ops.kind, ops.peer, ops.partner, ops.size
     alpha, beta, setup = costs.alpha, costs.beta, costs.setup
     eager_limit = float("inf") if costs.eager_limit is None else costs.eager_limit
@@ -168,9 +188,15 @@ def _ports(ops: _Ops, costs: Costs, trace: bool) -> _Ports:
     recv_queue = [deque() for _ in range(nranks)]
     if not costs.duplex:  # one port per rank: sending and receiving take the same one, and wait in one line
         recv_busy, recv_queue = send_busy, send_queue
+    links = _Links(costs, node_of, nranks)
+    node, link_out, link_in = links.node, links.out, links.into
     events: list[tuple[float, int, int, int]] = []
     tick = itertools.count()
     push = heapq.heappush
+
+    def blocked(s: int, d: int) -> bool:
+        return (send_busy[s] or recv_busy[d] or in_setup[s] or in_setup[d]
+                or (node[s] != node[d] and (link_out[node[s]] or link_in[node[d]])))
 
     def start_message(s: int, j: int, now: float) -> None:
         g = j * nranks + s
@@ -183,15 +209,19 @@ def _ports(ops: _Ops, costs: Costs, trace: bool) -> _Ports:
         if trace:
             start[g] = start[partner_of[g] * nranks + r] = now
         size = size_of[g]
-        push(events, (now + (alpha if size <= eager_limit else alpha_rendezvous) + beta * size, next(tick), s, j))
+        links.hold(s, r, True)
+        if node[s] != node[r]:
+            push(events, (now + links.alpha + links.beta * size, next(tick), s, j))
+        else:
+            push(events, (now + (alpha if size <= eager_limit else alpha_rendezvous) + beta * size, next(tick), s, j))
 
     def serve(queue: deque, now: float) -> None:
-        """Start the first waiting message whose other port is free too."""
+        """Start the first waiting message whose other port (and links) are free too."""
         while queue and started[queue[0][1] * nranks + queue[0][0]]:
             queue.popleft()
         for s, j in queue:
             g = j * nranks + s
-            if not (started[g] or send_busy[s] or recv_busy[peer_of[g]] or in_setup[s] or in_setup[peer_of[g]]):
+            if not (started[g] or blocked(s, peer_of[g])):
                 start_message(s, j, now)
                 return
 
@@ -201,7 +231,7 @@ def _ports(ops: _Ops, costs: Costs, trace: bool) -> _Ports:
             posted[g] = 1
             return
         s, d, j = (r, q, i) if kind_of[g] == SEND else (q, r, k)  # sender, receiver, the send's op
-        if send_busy[s] or recv_busy[d] or in_setup[s] or in_setup[d]:
+        if blocked(s, d):
             send_queue[s].append((s, j))
             recv_queue[d].append((s, j))
         else:
@@ -209,10 +239,14 @@ def _ports(ops: _Ops, costs: Costs, trace: bool) -> _Ports:
 
     def free(s: int, r: int) -> None:
         send_busy[s] = recv_busy[r] = False
+        links.hold(s, r, False)
 
     def serve_after(s: int, r: int, now: float) -> None:
         serve(send_queue[s], now)
         serve(recv_queue[r], now)
+        if node[s] != node[r]:  # the links are free: whatever waited for them on either node
+            for queue in [send_queue[x] for x in links.on_node[node[s]]] + [recv_queue[x] for x in links.on_node[node[r]]]:
+                serve(queue, now)
 
     def setup_over(s: int, r: int, now: float) -> None:
         in_setup[s] = in_setup[r] = False

@@ -57,11 +57,12 @@ def _flat_job(job: tuple) -> FlatSchedule:
 def flat_schedules(algorithm: str, nranks: int, count: int, segment: int = 0, window: int = 4,
                    itemsize: int = 4, regions: bool = False, ranks: int | None = None,
                    progress: bool = False, stepwise: bool = False,
-                   collective: Collective = ALLREDUCE) -> list[FlatSchedule]:
+                   collective: Collective = ALLREDUCE, topology=None) -> list[FlatSchedule]:
     """Each rank's flat schedule (of the first `ranks`, default all; segment in elements). Building
     them is most of the work at many ranks; run_events can run them again with other costs.
     `progress`: a progress bar on stderr, where that is a terminal."""
-    jobs = [(Shape(algorithm, nranks, rank, count, segment, window, False, stepwise, collective), itemsize, regions)
+    jobs = [(Shape(algorithm, nranks, rank, count, segment, window, False, stepwise, collective, topology), itemsize,
+             regions)
             for rank in range(ranks or nranks)]
     workers = min(os.cpu_count() or 1, 8)
     # Forked workers inherit the collector switched off.

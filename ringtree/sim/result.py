@@ -39,9 +39,14 @@ class Costs(NamedTuple):
     alpha_rendezvous: float | None = None
     duplex: bool = True  # a send port and a receive port per rank; False: one port for both
     setup: float = 0.0  # seconds a message holds both its ranks at its start
+    # (α, β) of a message between nodes, which also holds each node's one link that way; None: nodes
+    # are not told apart
+    between_nodes: tuple[float, float] | None = None
 
     def check(self) -> None:
         """Raise ValueError for costs the simulator cannot take."""
+        if self.between_nodes is not None and (len(self.between_nodes) != 2 or min(self.between_nodes) < 0):
+            raise ValueError(f"between_nodes must be (alpha, beta), both >= 0, not {self.between_nodes}")
         if min(self.alpha, self.beta, self.gamma, self.overhead, self.setup) < 0:
             raise ValueError(f"alpha, beta, gamma, overhead and setup must be >= 0, not {self.alpha}, {self.beta}, "
                              f"{self.gamma}, {self.overhead}, {self.setup}")

@@ -45,6 +45,7 @@ from __future__ import annotations
 from ..algorithms import GENERATORS, PERIOD, TURNING
 from ..schedule.ir import Collective, even_chunks
 from ..schedule.lower import Shape
+from ..schedule.topology import Topology
 from .events import run_events
 from .flat import flat_schedule, flat_schedules, without_gc
 from .result import Call, Costs, SimResult
@@ -55,7 +56,7 @@ __all__ = ["simulate", "collective_of"]
 
 def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize: int = 4, segment: int = 0,
              window: int = 4, stepwise: bool = False, trace: bool = False, progress: bool = False,
-             collective: str = "allreduce", root: int = 0) -> SimResult:
+             collective: str = "allreduce", root: int = 0, topology: Topology | None = None) -> SimResult:
     """Simulate one allreduce (or other `collective`, of `root`) of `nbytes` (whole elements of
     `itemsize` bytes, the blocks of a reduce-scatter or allgather together, split as evenly as they
     go) on `nranks` ranks.
@@ -65,7 +66,9 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
     at a time, as the stepwise path does for a blocking call of an unsegmented
     schedule up to the selector's STEPWISE_MAX_BYTES. With `trace`, the result
     lists every op's start and finish. With `progress`, a simulation of every
-    rank shows progress bars on stderr, where that is a terminal.
+    rank shows progress bars on stderr, where that is a terminal. With a
+    `topology` of several nodes, the schedules are the node-aware ones the engine
+    runs there, and messages between nodes cost `costs.between_nodes`.
     """
     known = GENERATORS.get(collective, {})
     if algorithm not in known:
@@ -79,6 +82,13 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
         raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
     call = Call(algorithm, nranks, nbytes, itemsize, segment)
     count, segment_elements = call.count, call.segment_elements
+    if topology is not None and topology.nranks != nranks:
+        raise ValueError(f"a topology of {topology.nranks} ranks for a simulation of {nranks}")
+    if topology is not None and topology.nodes > 1:  # the shortcuts' claims are of rank order, one node
+        schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,
+                                   progress=progress, stepwise=stepwise,
+                                   collective=collective_of(collective, nranks, count, root), topology=topology)
+        return run_events(schedules, call, costs, trace, progress, topology.node_of)
     if collective != "allreduce":
         shape = collective_of(collective, nranks, count, root)
         schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,

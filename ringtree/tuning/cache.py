@@ -30,10 +30,12 @@ __all__ = ["FORMAT", "identity", "path_for", "parse", "read", "write", "files"]
 FORMAT = "ringtree-cache-1"
 
 
-def identity(hosts: list[str], mpi: str, version: str) -> dict:
-    """The identity of a communicator whose rank r runs on hosts[r]."""
+def identity(hosts: list[str], nodes, mpi: str, version: str) -> dict:
+    """The identity of a communicator whose rank r runs on hosts[r], on node nodes[r] (of its
+    Topology: where hosts share a name, as emulated ones do, the nodes still tell layouts apart)."""
     names = sorted(set(hosts))
-    return {"hosts": names, "layout": [names.index(host) for host in hosts], "mpi": mpi, "ringtree": version}
+    return {"hosts": names, "layout": [names.index(host) for host in hosts], "nodes": list(nodes), "mpi": mpi,
+            "ringtree": version}
 
 
 def path_for(directory: str, who: dict) -> pathlib.Path:

@@ -33,7 +33,7 @@ def coefficients(algorithm: str, nranks: int, nbytes: int, segment: int = 0) -> 
     power = 1 << (n.bit_length() - 1)
     rounds = power.bit_length() - 1
     folded = n != power
-    if algorithm == "ring":
+    if algorithm in ("ring", "hierarchical"):  # on one node, the hierarchical allreduce is the ring's halves
         a, b, c = 2 * (n - 1), 2 * (n - 1) / n, (n - 1) / n
     elif algorithm == "tree":  # the root receives from, then sends to, each of its ⌈log2 N⌉ children in turn
         a, b, c = 2 * levels, 2 * levels, levels

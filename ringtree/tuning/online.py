@@ -29,6 +29,7 @@ from .model import Params, predict
 __all__ = ["NATIVE", "TRIALS", "TRIALS_SMALL", "Key", "trials", "Option", "Tuner", "key_of", "options_for"]
 
 NATIVE = "native"  # the MPI library's own Allreduce
+HIERARCHICAL = "hierarchical"
 # Timed calls per candidate (the first also builds the candidate's plan, so each rank keeps its best):
 # more below 1 MiB, where a call is short and one call's time noisy.
 TRIALS = 3
@@ -70,17 +71,21 @@ def key_of(nbytes: int, in_place: bool, itemsize: int, native: bool) -> Key:
     return Key(nbytes.bit_length(), in_place, itemsize, native)
 
 
-def options_for(key: Key, nranks: int, params: Params) -> list[Option]:
+def options_for(key: Key, nranks: int, params: Params, nodes: int = 1) -> list[Option]:
     """The candidates of a key, in an order every rank computes alike: the algorithms the model does
     not rule out, fastest predicted first, each unsplit and with each segment size smaller than the
-    message, at most MAX_SCHEDULES in all; then native, where allowed."""
+    message, at most MAX_SCHEDULES in all; then native, where allowed. On several nodes the
+    hierarchical allreduce comes first (the model does not tell nodes apart); on one it is left
+    out (it is then a ring's two halves)."""
     nbytes = (1 << key.size_class) - 1  # the class's largest message
     splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in SEGMENTS if s < nbytes]
     # Unsplit: the model counts a segment's messages but not the overlap it buys, so it would rule out
     # every split; an algorithm's unsplit time stands for its splits.
-    predicted = {name: predict(name, nranks, nbytes, params) for name in ALGORITHMS}
+    names = [name for name in ALGORITHMS if name != HIERARCHICAL]
+    predicted = {name: predict(name, nranks, nbytes, params) for name in names}
     best = min(predicted.values())
-    kept = sorted((name for name in ALGORITHMS if predicted[name] <= PRUNE_WITHIN * best), key=predicted.get)
+    kept = sorted((name for name in names if predicted[name] <= PRUNE_WITHIN * best), key=predicted.get)
+    kept = [HIERARCHICAL] * (nodes > 1) + kept
     options = [Option(name, segment) for name in kept for segment in splits][:MAX_SCHEDULES]
     return options + ([Option(NATIVE, 0)] if key.native else [])
 
@@ -98,8 +103,8 @@ class Tuner:
     the explorations under way. `explore=False` only uses what is committed."""
 
     def __init__(self, nranks: int, params: Params, committed: dict[Key, Option], explore: bool,
-                 on_commit: Callable[[Key, Option], None]) -> None:
-        self.nranks = nranks
+                 on_commit: Callable[[Key, Option], None], nodes: int = 1) -> None:
+        self.nranks, self.nodes = nranks, nodes
         self.params = params
         self.committed = dict(committed)
         self.cached = set(committed)  # the keys whose choice came from the cache
@@ -118,7 +123,7 @@ class Tuner:
             return None
         exploration = self.explorations.get(key)
         if exploration is None:
-            exploration = self.explorations[key] = _Exploration(options_for(key, self.nranks, self.params))
+            exploration = self.explorations[key] = _Exploration(options_for(key, self.nranks, self.params, self.nodes))
             # Logged now and at the commitment, not at each trial: rank 0's logging would be in the times.
             log.info("tune %s: trials of %d calls each, in a row: %s", key, trials(key),
                      ", ".join(map(str, exploration.options)))

@@ -9,7 +9,11 @@ Open MPI's dynamic rules):
 
     {"format": "ringtree-tuning-1", "note": "where and how it was measured",
      "rules": [{"ranks": [2, 2], "bytes": [0, 65536], "algorithm": "recursive_doubling", "segment": 0},
-               ...],                      # bytes: inclusive; null for no upper bound; segment 0: unsplit
+               {"ranks": [4, 4], "nodes": [2, 2], "ranks_per_node": [2, 2], "bytes": [65537, null],
+                "algorithm": "hierarchical", "segment": 1048576},
+               ...],                      # bytes, ranks, nodes, ranks_per_node (the most on any node):
+                                          # inclusive, null for no upper bound; nodes and ranks_per_node
+                                          # left out: any; segment 0: unsplit
      "models": {"2": {"alpha": 4e-06, "beta": 3e-10, "gamma": 2e-10}, ...},
      "segments": {"2": {"ring": 4194304, "double_tree": 2097152, ...}, ...},
      "measured": {"2": [{"bytes": 8, "algorithm": "ring", "segment": 0, "seconds": 2.1e-05}, ...], ...},
@@ -39,6 +43,7 @@ from typing import NamedTuple
 from .. import settings
 from ..algorithms import ALGORITHMS, GENERATORS
 from ..debug import log
+from ..schedule.topology import Topology
 from .model import Params, predict
 from .online import NATIVE
 
@@ -93,12 +98,14 @@ class TuningTable:
         with open(path) as f:
             return cls(json.load(f), os.path.basename(path))
 
-    def match(self, nbytes: int, nranks: int, dtype: str | None, op: str | None) -> tuple[int, dict] | None:
+    def match(self, nbytes: int, nranks: int, dtype: str | None, op: str | None,
+              topology: Topology | None = None) -> tuple[int, dict] | None:
+        nodes = topology.nodes if topology is not None else 1
+        per_node = max(topology.ranks_per_node) if topology is not None else nranks
         for i, rule in enumerate(self.rules):
-            low_ranks, high_ranks = rule["ranks"]
-            low_bytes, high_bytes = rule["bytes"]
-            if (low_ranks <= nranks <= high_ranks and low_bytes <= nbytes
-                    and (high_bytes is None or nbytes <= high_bytes)
+            if (_within(rule["ranks"], nranks) and _within(rule["bytes"], nbytes)
+                    and _within(rule.get("nodes", [1, None]), nodes)
+                    and _within(rule.get("ranks_per_node", [1, None]), per_node)
                     and ("dtypes" not in rule or dtype in rule["dtypes"])
                     and ("ops" not in rule or op in rule["ops"])):
                 return i, rule
@@ -141,6 +148,12 @@ def _check_collectives(collectives: dict, origin: str) -> None:
                     if rule.get("algorithm") not in known:
                         raise ValueError(f"{origin}: {name} on {nranks} ranks, {kind} {i} names unknown algorithm "
                                          f"{rule.get('algorithm')!r}")
+
+
+def _within(bounds: list, value: int) -> bool:
+    """Whether `value` lies in [low, high] (high None: no upper bound)."""
+    low, high = bounds
+    return low <= value and (high is None or value <= high)
 
 
 def _nearest(by_ranks: dict, nranks: int) -> int:
@@ -190,14 +203,15 @@ def identity() -> str:
 
 
 def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = None,
-           algorithm: str = "auto", segment: int | None = None) -> Choice:
-    """The algorithm and segment size for an allreduce of `nbytes` on `nranks` ranks."""
+           algorithm: str = "auto", segment: int | None = None, topology: Topology | None = None) -> Choice:
+    """The algorithm and segment size for an allreduce of `nbytes` on `nranks` ranks, laid out on
+    nodes as `topology` says (None: one node)."""
     source = "call"
     if algorithm == "auto":
         algorithm = settings.current().algorithm
         source = "RINGTREE_ALGORITHM"
     if algorithm is None:
-        found = table().match(nbytes, nranks, dtype, op)
+        found = table().match(nbytes, nranks, dtype, op, topology)
         if found is not None:
             i, rule = found
             algorithm, source = rule["algorithm"], f"table {table().origin} rule {i}"

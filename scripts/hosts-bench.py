@@ -1,0 +1,90 @@
+"""Allreduce across emulated hosts: every algorithm, `auto`, MPI's own and the ring in rank order, in
+one run, interleaved. Run it under scripts/cluster:
+
+    scripts/cluster --layout 2,2 --placement round-robin -- python scripts/hosts-bench.py -b 1M -e 32M
+    scripts/cluster --netns --link-rate 1gbit --layout 2,2 -- python scripts/hosts-bench.py -b 64K -e 64M \\
+        --json docs/figures/hosts-2x2-block-1gbit.json
+
+"ring" is the node-aware ring (round the ranks node by node); "ring, rank order" is the same ring
+run on a communicator whose ringtree state was made with RINGTREE_TOPOLOGY=flat, the ring every rank
+order gives without a topology. Each time is the median over repetitions of the slowest rank's time
+per call (commands/measure.py, time_in_turns); rank 0 prints a Markdown table of MiB/s and of
+speed-ups against the fastest flat algorithm, and writes JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from ringtree import settings
+from ringtree.algorithms import ALGORITHMS
+from ringtree.allreduce import allreduce
+from ringtree.commands.arguments import at_least, format_size, parse_size, size_grid
+from ringtree.commands.measure import time_in_turns
+from ringtree.runtime.state import comm_state
+
+FLAT = ("ring, rank order", "tree", "recursive_doubling", "rabenseifner", "double_tree")  # nodes not told apart
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-b", type=at_least(4, parse_size), default=1 << 20, help="smallest size in bytes (default 1M)")
+    parser.add_argument("-e", type=at_least(4, parse_size), default=32 << 20, help="largest size (default 32M)")
+    parser.add_argument("-f", type=at_least(2), default=2, help="factor between sizes (default 2)")
+    parser.add_argument("--iters", type=at_least(3), default=5, help="repetitions per size (default 5)")
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds per call and size at most (default 4)")
+    parser.add_argument("--json", help="write the times here")
+    args = parser.parse_args()
+    if args.e < args.b:
+        parser.error(f"no sizes: -b {args.b} is above -e {args.e}")
+    world = MPI.COMM_WORLD
+    nodes = world.Dup()
+    topology = comm_state(nodes).topology
+    os.environ["RINGTREE_TOPOLOGY"] = "flat"
+    settings.reload()
+    flat = world.Dup()
+    comm_state(flat)  # made flat now: the ring in rank order
+    results = {}
+    for nbytes in size_grid(args.b, args.e, args.f):
+        calls = calls_of(nodes, flat, nbytes)
+        tuner = comm_state(nodes).tuner
+        for _ in range(100):  # online tuning's trials first: `auto` is timed once it has chosen
+            calls["auto"]()
+            if tuner is None or not tuner.explorations:
+                break
+        results[nbytes] = time_in_turns(nodes, calls, 0.05, args.iters, args.budget)
+    if world.Get_rank() != 0:
+        return
+    names = list(next(iter(results.values())))
+    print(f"{world.Get_size()} ranks, {topology}; MiB/s (bytes / time), and speed-up against the fastest flat "
+          f"algorithm ({', '.join(FLAT)})\n")
+    print("| size | " + " | ".join(names) + " | hierarchical / best flat | auto / best flat |")
+    print("|---:|" + "---:|" * (len(names) + 2))
+    for nbytes, times in results.items():
+        best = min(times[name] for name in FLAT)
+        cells = [f"{nbytes / times[name] / 2**20:.0f}" for name in names]
+        print(f"| {format_size(nbytes)} | " + " | ".join(cells)
+              + f" | {best / times['hierarchical']:.2f} | {best / times['auto']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": world.Get_size(), "topology": list(topology.node_of), "layout": str(topology),
+                       "iters": args.iters, "seconds": {str(n): t for n, t in results.items()}}, f, indent=1)
+
+
+def calls_of(nodes, flat, nbytes: int) -> dict:
+    x = np.ones(nbytes // 4, np.float32)
+    out = np.empty_like(x)
+    calls = {name: (lambda name=name: allreduce(x, out, comm=nodes, algorithm=name)) for name in ALGORITHMS}
+    calls["ring, rank order"] = lambda: allreduce(x, out, comm=flat, algorithm="ring")
+    calls["auto"] = lambda: allreduce(x, out, comm=nodes)
+    calls["MPI"] = lambda: nodes.Allreduce(x, out)
+    return calls
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Across emulated hosts (scripts/cluster): ringtree learns the node map, and every algorithm of every
+collective gives MPI's own result there. Skipped unless scripts/cluster runs it:
+
+    scripts/cluster --layout 2,2 --placement round-robin -- python -m mpi4py -m pytest -m mpi tests/test_hosts.py
+"""
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from test_collectives import failures_on
+
+import ringtree
+from conftest import assert_everywhere, same_on_all_ranks
+from ringtree.algorithms import ALGORITHMS, GENERATORS
+from ringtree.runtime.state import comm_state
+from ringtree.schedule.topology import Topology
+
+LAYOUT = os.environ.get("CLUSTER_LAYOUT")
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(LAYOUT is None, reason="runs under scripts/cluster only")]
+
+
+def expected_topology(layout: str, placement: str) -> Topology:
+    sizes = [int(size) for size in layout.split(",")]
+    if placement == "round-robin":
+        return Topology.of(rank % len(sizes) for rank in range(sum(sizes)))
+    return Topology.parse(layout)
+
+
+def test_ringtree_learns_which_ranks_share_a_host(comm):
+    expected = expected_topology(LAYOUT, os.environ["CLUSTER_PLACEMENT"])
+    topology = comm_state(comm).topology
+    assert topology == expected, f"rank {comm.rank}: learned {topology}, expected {expected}"
+    assert topology.crossings(list(topology.node_order)) == (topology.nodes if topology.nodes > 1 else 0)
+
+
+@pytest.mark.parametrize("algorithm", [*ALGORITHMS, "auto"])
+def test_every_allreduce_algorithm_gives_mpi_s_result_across_hosts(comm, algorithm):
+    failures = []
+    for count in (0, 1, comm.size + 1, 1000, 100_003):
+        for dtype in (np.int64, np.float32):
+            x = ((np.arange(count) * 7 + 13 * comm.rank) % 23 - 11).astype(dtype)
+            expected = np.empty_like(x)
+            comm.Allreduce(x, expected)
+            for segment in (None, 4096) if algorithm != "auto" else (None,):
+                for inplace in (False, True):
+                    what = f"{algorithm} {count} {np.dtype(dtype)} segment {segment} {'in place' if inplace else ''}"
+                    if inplace:
+                        got = x.copy()
+                        ringtree.allreduce(MPI.IN_PLACE, got, comm=comm, algorithm=algorithm, segment=segment)
+                    else:
+                        got = ringtree.allreduce(x, comm=comm, algorithm=algorithm, segment=segment)
+                    if dtype is np.int64 and not np.array_equal(got, expected):
+                        failures.append(f"{what}: differs from MPI's")
+                    if not same_on_all_ranks(comm, got):
+                        failures.append(f"{what}: ranks differ")
+                    elif dtype is np.float32 and not np.allclose(got, expected, rtol=1e-5, atol=1e-4):
+                        failures.append(f"{what}: far from MPI's")
+    assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("name,algorithm", [(name, algorithm) for name in GENERATORS if name != "allreduce"
+                                            for algorithm in [*GENERATORS[name], "auto"]])
+@pytest.mark.parametrize("segment", [None, 16])
+def test_every_other_collective_gives_mpi_s_result_across_hosts(comm, name, algorithm, segment):
+    if algorithm == "auto" and segment:
+        pytest.skip("auto chooses its own segments")
+    assert_everywhere(comm, failures_on(comm, name, algorithm, segment, np.array, np.asarray))

@@ -1,0 +1,70 @@
+"""Node-aware schedules, checked without MPI: the topology, the node-aware ring and the hierarchical
+allreduce on every layout, whole, segmented and staged, by the verifier."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ringtree.algorithms.hierarchical import hierarchical_allreduce
+from ringtree.schedule import OpKind
+from ringtree.schedule.ir import KEPT
+from ringtree.schedule.lower import Shape, lower
+from ringtree.schedule.topology import Topology
+from ringtree.sim.verify import verify_schedules
+
+
+def schedules(algorithm, topology, count, segment=0, window=4, staged=False):
+    return [lower(Shape(algorithm, topology.nranks, rank, count, segment, window, staged, False,
+                        topology=topology)).schedule for rank in range(topology.nranks)]
+
+
+def test_a_topology_numbers_nodes_by_their_first_rank_and_says_its_shape():
+    t = Topology.of(["b", "a", "b", "a", "c"])
+    assert t.node_of == (0, 1, 0, 1, 2) and t.nodes == 3 and t.ranks_per_node == (2, 2, 1)
+    assert t.ranks_on(1) == (1, 3) and t.node_order == (0, 2, 1, 3, 4)
+    assert str(t) == "3 nodes of 2,2,1, ranks interleaved"
+    assert str(Topology.parse("2,2")) == "2 nodes × 2" and Topology.parse("3").node_of == (0, 0, 0)
+    for bad in ("", "2,x", "2,0"):
+        with pytest.raises(ValueError, match="ranks per node|at least one rank"):
+            Topology.parse(bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=st.lists(st.integers(0, 3), min_size=1, max_size=9), data=st.data())
+def test_the_node_aware_ring_crosses_each_node_boundary_once(nodes, data):
+    t = Topology.of(nodes)
+    count = data.draw(st.integers(t.nranks, 200))  # every chunk holds data: every hop is used
+    found = schedules("ring", t, count)
+    verify_schedules(found)
+    hops = {(s.rank, op.peer) for s in found for op in s.ops if op.kind is OpKind.SEND}
+    across = {(a, b) for a, b in hops if t.node_of[a] != t.node_of[b]}
+    assert len(across) == (t.nodes if t.nodes > 1 else 0)
+
+
+@settings(max_examples=120, deadline=None)
+@given(nodes=st.lists(st.integers(0, 4), min_size=1, max_size=10), count=st.integers(0, 300),
+       segment=st.sampled_from([0, 1, 7, 64]), window=st.integers(1, 4), staged=st.booleans())
+def test_the_hierarchical_allreduce_is_an_allreduce_on_every_layout(nodes, count, segment, window, staged):
+    t = Topology.of(nodes)
+    verify_schedules(schedules("hierarchical", t, count, segment, window, staged), stepwise=not segment)
+
+
+@pytest.mark.parametrize("layout", ["2,2", "4,4", "3,3,3", "2,2,2,2"])
+def test_across_nodes_each_rank_sends_only_its_shard_s_share(layout):
+    # Every local rank crosses between nodes at once with 1/P of the data: 2(K-1)/K of it by the ring,
+    # the whole shard once each way by recursive doubling on 2 nodes.
+    t = Topology.parse(layout)
+    count, per_node = 1 << 20, t.ranks_per_node[0]
+    for s in [hierarchical_allreduce(t.nranks, rank, count, t) for rank in range(t.nranks)]:
+        sent = sum(op.src.count for op in s.ops if op.kind is OpKind.SEND and t.node_of[op.peer] != t.node_of[s.rank])
+        share = count / per_node * (1 if t.nodes == 2 else 2 * (t.nodes - 1) / t.nodes)
+        assert abs(sent - share) <= 2 * t.nodes, (s.rank, sent, share)
+        assert not any(name.startswith(KEPT) for name, _ in s.scratch)  # even nodes: scratch is a window
+
+
+def test_a_rank_alone_on_its_node_takes_every_shard_across():
+    t = Topology.parse("2,1")
+    count = 1000
+    alone = hierarchical_allreduce(3, 2, count, t)
+    sent = sum(op.src.count for op in alone.ops if op.kind is OpKind.SEND)
+    assert sent == count  # one shard to each of node 0's ranks, by recursive doubling
