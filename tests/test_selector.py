@@ -153,8 +153,37 @@ def test_tune_smooths_a_lone_near_tie_but_keeps_a_lone_clear_win():
     assert _winners(times) == ["tree", "tree", "tree", "ring", "tree"]
 
 
+LAYOUT = {"ranks": [2, 2], "nodes": [1, 1], "ranks_per_node": [2, 2]}  # what tune stamps on 2 ranks of one node
+
+
 def _rule(low, high, algorithm, segment=0):
-    return {"ranks": [2, 2], "bytes": [low, high], "algorithm": algorithm, "segment": segment}
+    return {**LAYOUT, "bytes": [low, high], "algorithm": algorithm, "segment": segment}
+
+
+def test_rules_are_kept_per_layout_of_nodes_and_ranks_per_node():
+    from ringtree.schedule.topology import Topology
+    two_by_two, round_robin, one_node = Topology.parse("2,2"), Topology.of([0, 1, 0, 1]), Topology.flat(4)
+    table = selector.TuningTable({"format": selector.FORMAT, "rules": [
+        {"ranks": [4, 4], "nodes": [2, None], "ranks_per_node": [2, 2], "bytes": [0, None], "algorithm": "hierarchical",
+         "segment": 0},
+        {"ranks": [4, 4], "nodes": [1, 1], "bytes": [0, None], "algorithm": "ring", "segment": 0},
+        {"ranks": [4, 4], "bytes": [0, None], "algorithm": "tree", "segment": 0}]}, "test")
+    assert table.match(1024, 4, None, None, two_by_two)[1]["algorithm"] == "hierarchical"
+    assert table.match(1024, 4, None, None, round_robin)[1]["algorithm"] == "hierarchical"
+    assert table.match(1024, 4, None, None, one_node)[1]["algorithm"] == "ring"
+    assert table.match(1024, 4, None, None)[1]["algorithm"] == "ring"  # no topology: one node
+    assert table.match(1024, 4, None, None, Topology.parse("1,3"))[1]["algorithm"] == "tree"  # 3 ranks on a node
+    # the packaged table: measured rules on 2 nodes of 2, the hierarchical allreduce's from 4 KiB
+    selector.use_table(selector.packaged_table())
+    try:
+        assert selector.select(1 << 20, 4, "float32", "sum", topology=round_robin).algorithm == "hierarchical"
+        assert selector.select(1 << 20, 4, "float32", "sum", topology=one_node).algorithm != "hierarchical"
+        # a layout no rule names: the model, which on several nodes takes the hierarchical allreduce
+        choice = selector.select(1 << 20, 6, "float32", "sum", topology=Topology.parse("3,3"))
+        assert (choice.algorithm, choice.source, choice.segment) == ("hierarchical", "model",
+                                                                     selector.SEGMENT_BYTES_ACROSS_NODES)
+    finally:
+        selector.use_table(None)
 
 
 def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
@@ -163,14 +192,14 @@ def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
            _rule((1 << 20) + 1, None, "ring", 1 << 22)]
     # re-tuned 4 KiB to 64 KiB (grid point below: 2 KiB): the ring wins up to 16 KiB, then the tree
     winners = [(4096, "ring", 1 << 22, 1.0), (16384, "ring", 1 << 22, 1.0), (65536, "tree", 1 << 21, 1.0)]
-    new = rules_from(winners, 2, 2048)
+    new = rules_from(winners, LAYOUT, 2048)
     assert new == [_rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21)]
     assert merged_rules(old, new, 2048, 65536) == [
         _rule(0, 1024, "recursive_doubling"), _rule(1025, 2048, "rabenseifner", 1 << 21),
         _rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21),
         _rule(65537, 1 << 20, "rabenseifner", 1 << 21), _rule((1 << 20) + 1, None, "ring", 1 << 22)]
     # a winner the same as the old rule next to it joins it (an old table's open end stays open)
-    joined = merged_rules(old, rules_from([(1 << 21, "ring", 1 << 22, 1.0)], 2, 1 << 20),
+    joined = merged_rules(old, rules_from([(1 << 21, "ring", 1 << 22, 1.0)], LAYOUT, 1 << 20),
                           1 << 20, 1 << 21)
     assert joined == old
     assert merged_rules(old, [_rule(2049, 4096, "tree")], 2048, 4096)[-1] == old[-1]

@@ -68,3 +68,47 @@ def test_a_rank_alone_on_its_node_takes_every_shard_across():
     alone = hierarchical_allreduce(3, 2, count, t)
     sent = sum(op.src.count for op in alone.ops if op.kind is OpKind.SEND)
     assert sent == count  # one shard to each of node 0's ranks, by recursive doubling
+
+
+def test_the_simulator_charges_messages_between_nodes_their_own_costs_and_one_link_each_way():
+    from ringtree.sim import simulate
+    from ringtree.sim.result import Costs
+
+    costs = Costs(alpha=1e-6, beta=1e-10, gamma=0.0, between_nodes=(1e-4, 1e-8))
+    nbytes = 1 << 20
+    # two ranks on two nodes: one exchange, at the cost between nodes (both ways at once)
+    apart = simulate("recursive_doubling", 2, nbytes, costs, topology=Topology.parse("1,1"))
+    assert apart.time == pytest.approx(1e-4 + 1e-8 * nbytes)
+    # four ranks, two per node: the two pairs across share their nodes' links, one message at a time
+    shared = simulate("recursive_doubling", 4, nbytes, costs._replace(alpha=0.0, beta=0.0),
+                      topology=Topology.of([0, 1, 0, 1]))
+    assert shared.time == pytest.approx(2 * (1e-4 + 1e-8 * nbytes))
+    # on slow links, the hierarchical allreduce (K bytes per link each way) beats the node-aware ring (1.5 K)
+    interleaved = Topology.of([0, 1, 0, 1])
+    ring = simulate("ring", 4, 16 << 20, costs, segment=256 << 10, topology=interleaved)
+    hierarchical = simulate("hierarchical", 4, 16 << 20, costs, segment=256 << 10, topology=interleaved)
+    assert ring.time > 1.3 * hierarchical.time
+    with pytest.raises(ValueError, match="between_nodes"):
+        simulate("ring", 2, 8, costs._replace(between_nodes=(1.0, -1.0)))
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1M", "--layout", "2,1"], "has 3 ranks, not 4"),
+    (["simulate", "--algorithm", "ring", "--ranks", "3", "--bytes", "1M", "--layout", "2,1", "--placement",
+      "round-robin"], "takes an even --layout"),
+    (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1M", "--alpha-between", "1e-5"], "go together"),
+    (["draw", "--algorithm", "hierarchical", "--ranks", "4", "--layout", "2,x"], "not ranks per node"),
+])
+def test_a_bad_layout_is_a_usage_error(argv, said):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "ringtree", *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_draw_groups_the_lanes_by_node(tmp_path):
+    from ringtree.commands.draw import draw
+    out = tmp_path / "h.svg"
+    draw("hierarchical", 4, 16, str(out), topology=Topology.of([0, 1, 0, 1]))
+    svg = out.read_text()
+    assert "node 0" in svg and "node 1" in svg and svg.index("rank 2") < svg.index("rank 1")

@@ -111,9 +111,10 @@ def run(args: argparse.Namespace) -> None:
         run_collective(args, comm)
         return
     rank, nranks = comm.Get_rank(), comm.Get_size()
+    layout = layout_of(comm_state(comm).topology)
     algorithms = args.algorithms
     sizes = sizes_from_args(args)
-    table = _table_to_merge(comm, args.output) if args.merge else None
+    table = _table_to_merge(comm, args.output, layout) if args.merge else None
     kept_segments = table["segments"][str(nranks)] if args.merge else None
 
     def cases(nbytes: int) -> list[tuple[str, int]]:
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> None:
                     for nbytes, timed in mean.items() for (alg, seg), seconds in timed.items()]
     if args.merge:  # the times of the sizes not re-tuned stay, and the model is fitted to all
         measurements += [(m["algorithm"], nranks, m["bytes"], m["segment"], m["seconds"])
-                         for m in table["measured"].get(str(nranks), []) if m["bytes"] not in mean]
+                         for m in table["measured"].get(measured_key(layout), []) if m["bytes"] not in mean]
     params = fit(measurements)
     # One segment size per algorithm, then one algorithm per size: auto then runs exactly what a call
     # naming that algorithm runs, and the table has fewer knobs to fit to noise.
@@ -158,10 +159,10 @@ def run(args: argparse.Namespace) -> None:
     winners = winners_from(mean, algorithms, best_segments)
     if args.merge:
         below = sizes[0] // args.stepfactor if sizes[0] >= args.stepfactor else -1  # the grid point below
-        rules = merged_rules([rule for rule in table["rules"] if rule["ranks"] == [nranks, nranks]],
-                             rules_from(winners, nranks, below), below, sizes[-1])
+        rules = merged_rules([rule for rule in table["rules"] if layout_key(rule) == layout_key(layout)],
+                             rules_from(winners, layout, below), below, sizes[-1])
     else:
-        rules = rules_from(winners, nranks)
+        rules = rules_from(winners, layout)
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
           f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
     print(f"\n{nranks} ranks: which algorithm wins from which size")
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
               f"{format_size(rule['segment']) if rule['segment'] else 'unsplit'}")
     print("\nsegment size for an algorithm named in a call: " +
           ", ".join(f"{name} {format_size(segment)}" for name, segment in best_segments.items()))
-    write_table(args.output, nranks, rules, params, best_segments, args.note, measurements)
+    write_table(args.output, layout, rules, params, best_segments, args.note, measurements)
     covered = [rule["bytes"] for rule in rules]
     print(f"\nthe table rules sizes up to {format_size(covered[-1][1])} on {nranks} ranks; "
           "other sizes go to online tuning (RINGTREE_TUNE=online, the default), else to the fitted model")
@@ -236,8 +237,27 @@ def _case(algorithm: str, nbytes: int, segments: dict[str, int]) -> tuple[str, i
     return algorithm, segment if nbytes > segment else 0
 
 
-def rules_from(winners: list[tuple[int, str, int, float]], nranks: int, previous: int = -1) -> list[dict]:
-    """Rules for one rank count from the winner at each size: runs of one winner become one rule,
+def layout_of(topology) -> dict:
+    """The fields that limit a rule to the layout `topology` is: its rank count, its nodes and the
+    most ranks on one of them."""
+    n, nodes, per_node = topology.nranks, topology.nodes, max(topology.ranks_per_node)
+    return {"ranks": [n, n], "nodes": [nodes, nodes], "ranks_per_node": [per_node, per_node]}
+
+
+def measured_key(layout: dict) -> str:
+    """Where a table keeps the times a layout's rules rest on: "4" on one node, "4 on 2 nodes of 2"."""
+    n, nodes, per_node = layout["ranks"][0], layout["nodes"][0], layout["ranks_per_node"][0]
+    return str(n) if nodes == 1 else f"{n} on {nodes} nodes of {per_node}"
+
+
+def layout_key(rule: dict) -> tuple:
+    """Which layout a rule was tuned on; a rule that names none, on one node (as tables were before
+    ringtree told nodes apart)."""
+    return (tuple(rule["ranks"]), tuple(rule.get("nodes", (1, 1))), tuple(rule.get("ranks_per_node", rule["ranks"])))
+
+
+def rules_from(winners: list[tuple[int, str, int, float]], layout: dict, previous: int = -1) -> list[dict]:
+    """Rules for one layout from the winner at each size: runs of one winner become one rule,
     covering the sizes above the previous grid point (the first: above `previous`) up to its last
     grid point. No rule goes past the largest size measured: a table rules only what it measured."""
     rules: list[dict] = []
@@ -245,7 +265,7 @@ def rules_from(winners: list[tuple[int, str, int, float]], nranks: int, previous
         if rules and (rules[-1]["algorithm"], rules[-1]["segment"]) == (algorithm, segment):
             rules[-1]["bytes"][1] = nbytes
         else:
-            rules.append({"ranks": [nranks, nranks], "bytes": [previous + 1, nbytes],
+            rules.append({**{key: list(value) for key, value in layout.items()}, "bytes": [previous + 1, nbytes],
                           "algorithm": algorithm, "segment": segment})
         previous = nbytes
     return rules
@@ -286,21 +306,25 @@ def segments_from(measurements) -> dict[str, int]:
     return chosen
 
 
-def write_table(path: str, nranks: int, rules: list[dict], params, best_segments: dict[str, int], note: str,
+def write_table(path: str, layout: dict, rules: list[dict], params, best_segments: dict[str, int], note: str,
                 measurements) -> None:
-    """Write the rules, model and every case's time (`measurements`: (algorithm, nranks, bytes,
-    segment, seconds)) for `nranks` into the table at `path`, keeping other rank counts'."""
+    """Write the rules and every case's time (`measurements`: (algorithm, nranks, bytes, segment,
+    seconds)) for `layout` into the table at `path`, keeping other layouts'; on one node also the
+    model and segment sizes of its rank count (those the selector reads on one node only)."""
     data = read_table(path)
-    kept = [rule for rule in data["rules"] if rule["ranks"] != [nranks, nranks]]
-    data["rules"] = sorted(kept + rules, key=lambda rule: rule["ranks"][0])
-    data["models"][str(nranks)] = params._asdict()
-    data["segments"][str(nranks)] = best_segments
-    data["measured"][str(nranks)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
+    nranks = layout["ranks"][0]
+    kept = [rule for rule in data["rules"] if layout_key(rule) != layout_key(layout)]
+    # A rule for any layout comes after those for one, within a rank count: the first match wins.
+    data["rules"] = sorted(kept + rules, key=lambda rule: (rule["ranks"][0], "nodes" not in rule))
+    if layout["nodes"] == [1, 1]:
+        data["models"][str(nranks)] = params._asdict()
+        data["segments"][str(nranks)] = best_segments
+    data["measured"][measured_key(layout)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
                                      for a, _, b, s, t in measurements]
     write_table_file(path, data, note)
 
 
-def _table_to_merge(comm, path: str) -> dict:
+def _table_to_merge(comm, path: str, layout: dict) -> dict:
     """The table at `path`, read on rank 0 and sent to all (the cases every rank times follow from
     it); SystemExit on every rank where it has no rules and segment sizes for this rank count."""
     nranks, table, error = comm.Get_size(), None, None
@@ -311,9 +335,9 @@ def _table_to_merge(comm, path: str) -> dict:
             error = f"tune --merge: {failure}"
         else:
             if (str(nranks) not in table["segments"]
-                    or not any(rule["ranks"] == [nranks, nranks] for rule in table["rules"])):
-                error = (f"tune --merge: {path} has no rules and segment sizes for {nranks} ranks to merge into; "
-                         "tune the whole grid first")
+                    or not any(layout_key(rule) == layout_key(layout) for rule in table["rules"])):
+                error = (f"tune --merge: {path} has no rules and segment sizes for {nranks} ranks on this layout "
+                         "to merge into; tune the whole grid first")
     table, error = comm.bcast((table, error))
     if error:
         raise SystemExit(error)

@@ -38,8 +38,10 @@ SMALL_CLASS = 20  # size classes up to this one (messages under 1 MiB) take TRIA
 # Candidates the cost model predicts slower than this times its best are not tried.
 PRUNE_WITHIN = 3.0
 MAX_SCHEDULES = 8  # algorithm and segment pairs tried per key, native aside
-# Segment sizes tried, beside unsplit, for messages larger than them.
+# Segment sizes tried, beside unsplit, for messages larger than them; on several nodes also smaller
+# ones, which pipeline messages through the nodes' links (docs/performance.md, across hosts).
 SEGMENTS = (1 << 20, 4 << 20)
+SEGMENTS_ACROSS_NODES = (256 << 10, 1 << 20, 4 << 20)
 UNSPLIT_MAX_BYTES = 16 << 20  # above this, unsplit needs scratch the size of the message: segments only
 
 
@@ -78,7 +80,8 @@ def options_for(key: Key, nranks: int, params: Params, nodes: int = 1) -> list[O
     hierarchical allreduce comes first (the model does not tell nodes apart); on one it is left
     out (it is then a ring's two halves)."""
     nbytes = (1 << key.size_class) - 1  # the class's largest message
-    splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in SEGMENTS if s < nbytes]
+    segments = SEGMENTS_ACROSS_NODES if nodes > 1 else SEGMENTS
+    splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in segments if s < nbytes]
     # Unsplit: the model counts a segment's messages but not the overlap it buys, so it would rule out
     # every split; an algorithm's unsplit time stands for its splits.
     names = [name for name in ALGORITHMS if name != HIERARCHICAL]

@@ -59,6 +59,9 @@ STEPWISE_MAX_BYTES_OTHERWISE = 256 << 10
 # Segment size when neither the table nor the caller gives one: pipelining pays
 # once a message is several segments long.
 SEGMENT_BYTES = 4 << 20
+# Segment size on several nodes when neither the table's rule nor the caller gives one: messages
+# between nodes pipeline through the nodes' links in smaller pieces (docs/performance.md, across hosts).
+SEGMENT_BYTES_ACROSS_NODES = 256 << 10
 # Segments in flight into scratch per collective: scratch is segment × WINDOW.
 WINDOW = 4
 # α, β, γ for rank counts with no fitted model (docs/algorithms.md says where they were fitted).
@@ -219,11 +222,13 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
                 segment = rule.get("segment", 0) or nbytes
         else:
             params = table().model(nranks)
-            algorithm = min(ALGORITHMS, key=lambda name: predict(
+            across = topology is not None and topology.nodes > 1
+            algorithm = "hierarchical" if across else min(ALGORITHMS, key=lambda name: predict(
                 name, nranks, nbytes, params, segment or table().segment(nranks, name, nbytes)))
             source = "model"
     if segment is None:
-        segment = table().segment(nranks, algorithm, nbytes)
+        across = topology is not None and topology.nodes > 1  # the table's segments were measured on one node
+        segment = SEGMENT_BYTES_ACROSS_NODES if across else table().segment(nranks, algorithm, nbytes)
     return choice_of(algorithm, nbytes, segment, source)
 
 
