@@ -13,6 +13,7 @@ from test_collectives import failures_on
 
 import ringtree
 from conftest import assert_everywhere, same_on_all_ranks
+from ringtree import settings
 from ringtree.algorithms import ALGORITHMS, GENERATORS
 from ringtree.runtime.state import comm_state
 from ringtree.schedule.topology import Topology
@@ -33,6 +34,23 @@ def test_ringtree_learns_which_ranks_share_a_host(comm):
     topology = comm_state(comm).topology
     assert topology == expected, f"rank {comm.rank}: learned {topology}, expected {expected}"
     assert topology.crossings(list(topology.node_order)) == (topology.nodes if topology.nodes > 1 else 0)
+
+
+def test_ringtree_topology_flat_counts_every_rank_on_one_node(comm, monkeypatch):
+    monkeypatch.setenv("RINGTREE_TOPOLOGY", "flat")
+    settings.reload()
+    flat = comm.Dup()
+    try:
+        assert comm_state(flat).topology == Topology.flat(comm.size)
+        x = np.arange(1000, dtype=np.int64) + comm.rank
+        expected = np.empty_like(x)
+        comm.Allreduce(x, expected)
+        got = ringtree.allreduce(x, comm=flat, algorithm="ring")
+        assert_everywhere(comm, [] if np.array_equal(got, expected) else ["the ring in rank order differs from MPI's"])
+    finally:
+        flat.Free()
+        monkeypatch.delenv("RINGTREE_TOPOLOGY")
+        settings.reload()
 
 
 @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "auto"])

@@ -35,7 +35,6 @@ class Shape(NamedTuple):
     topology: Topology | None = None  # which ranks share a node; None: one node
 
 
-
 class Program(NamedTuple):
     """One rank's schedule for a call, through every pass its shape needs."""
 
