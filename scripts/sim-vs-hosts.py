@@ -2,7 +2,7 @@
 (inside a node, between nodes) against scripts/hosts-bench.py's times.
 
     python scripts/sim-vs-hosts.py calibration.json hosts.json [--algorithms ring,tree,hierarchical]
-        [--min 64K] [--limit 1.3]
+        [--min 64K] [--limit 1.3] [--link-burst 128K]
 
 The calibration comes from `python -m ringtree calibrate` run on the same emulated cluster (it fits
 α and β between nodes there); the times from scripts/hosts-bench.py --json. Each algorithm is
@@ -28,6 +28,8 @@ def main() -> int:
     parser.add_argument("--algorithms", default="ring,tree,hierarchical")
     parser.add_argument("--min", type=parse_size, default=64 << 10, help="smallest size compared (default 64K)")
     parser.add_argument("--limit", type=float, default=1.3, help="largest ratio either way (default 1.3)")
+    parser.add_argument("--link-burst", type=parse_size, default=None,
+                        help="the links' token bucket in bytes (scripts/cluster --link-rate: 128K), simulated")
     args = parser.parse_args()
     try:
         costs = load(args.calibration)
@@ -37,9 +39,11 @@ def main() -> int:
         parser.error(str(error))
     if costs.between_nodes is None:
         parser.error(f"{args.calibration} has no costs between nodes: calibrate on several nodes")
+    costs = costs._replace(link_burst=args.link_burst)
     topology = Topology(tuple(measured["topology"]))
     algorithms = args.algorithms.split(",")
-    print(f"{measured['ranks']} ranks, {topology}; simulated / measured time, from {format_size(args.min)}\n")
+    print(f"{measured['ranks']} ranks, {topology}; simulated / measured time, from {format_size(args.min)}"
+          + (f"; links with a token bucket of {format_size(args.link_burst)}" if args.link_burst else "") + "\n")
     print("| size | " + " | ".join(f"{name} measured | simulated | ratio" for name in algorithms) + " |")
     print("|---:|" + "---:|---:|---:|" * len(algorithms))
     worst = 1.0

@@ -112,3 +112,15 @@ def test_draw_groups_the_lanes_by_node(tmp_path):
     draw("hierarchical", 4, 16, str(out), topology=Topology.of([0, 1, 0, 1]))
     svg = out.read_text()
     assert "node 0" in svg and "node 1" in svg and svg.index("rank 2") < svg.index("rank 1")
+
+
+def test_a_link_with_a_token_bucket_lets_a_burst_through_after_it_idles():
+    from ringtree.sim.events import _Links
+    from ringtree.sim.result import Costs
+
+    costs = Costs(alpha=0.0, beta=1e-9, gamma=0.0, between_nodes=(0.0, 1e-8), link_burst=1000)
+    links = _Links(costs, (0, 1), 2)
+    assert links.duration(0, 1, 1000, 0.0) == pytest.approx(1e-5)  # back to back: the bucket is empty
+    assert links.duration(0, 1, 1000, 1.0) == pytest.approx(1e-6)  # after a second idle: a full bucket
+    assert links.duration(0, 1, 3000, 1.0) == pytest.approx(3e-5)  # at once again: empty
+    assert _Links(costs._replace(link_burst=None), (0, 1), 2).duration(0, 1, 1000, 5.0) == pytest.approx(1e-5)

@@ -23,7 +23,9 @@ OVERRIDES = (("alpha", "seconds per message"), ("beta", "seconds per byte sent")
              ("alpha_rendezvous", "seconds per message above --eager-limit"),
              ("setup", "seconds a message holds both its ranks at its start"))
 BETWEEN = (("alpha_between", "seconds per message between nodes (with --layout)"),
-           ("beta_between", "seconds per byte sent between nodes, on the node's one link each way (with --layout)"))
+           ("beta_between", "seconds per byte sent between nodes, on the node's one link each way (with --layout)"),
+           ("link_burst", "bytes a node's link passes at --beta before its rate holds, refilled at that rate: a "
+                          "token bucket, as tc's tbf (with --alpha-between and --beta-between)"))
 
 
 def calibration(path: str) -> Costs:
@@ -50,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, meaning in OVERRIDES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"{meaning} (overrides the calibration)")
     for name, meaning in BETWEEN:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=meaning)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=at_least(0, parse_size) if name == "link_burst" else float,
+                            help=meaning)
     add_layout_arguments(parser)
     parser.add_argument("--eager-limit", type=at_least(0, parse_size), help="bytes: larger messages take --alpha-rendezvous")
     parser.add_argument("--stepwise", action="store_true",
@@ -67,11 +70,11 @@ def costs_from(args: argparse.Namespace) -> Costs:
     overrides = {name: getattr(args, name) for name in (*dict(OVERRIDES), "eager_limit", "duplex")
                  if getattr(args, name) is not None}
     costs = costs._replace(**overrides)
-    between = [getattr(args, name) for name, _ in BETWEEN]
-    if any(value is not None for value in between):
+    between = [getattr(args, name) for name, _ in BETWEEN[:2]]
+    if any(value is not None for value in between) or args.link_burst is not None:
         if args.layout is None or None in between:
-            raise UsageError("--alpha-between and --beta-between go together, with --layout")
-        costs = costs._replace(between_nodes=tuple(between))
+            raise UsageError("--alpha-between and --beta-between go together, with --layout (and --link-burst with them)")
+        costs = costs._replace(between_nodes=tuple(between), link_burst=args.link_burst)
     try:
         costs.check()
     except ValueError as error:
@@ -121,7 +124,8 @@ def _print_table(args, costs: Costs, result: SimResult, ideal: float, rounding: 
           + (f", setup {costs.setup:.3g} s" if costs.setup else "")
           + (f"; {topology_from(args, n)}" if args.layout else "")
           + (f", between nodes alpha {costs.between_nodes[0]:.3g} s, beta {costs.between_nodes[1]:.3g} s/B"
-             if costs.between_nodes else ""))
+             if costs.between_nodes else "")
+          + (f", links' token bucket {format_size(costs.link_burst)}" if costs.link_burst else ""))
     print(f"predicted time: {result.time * 1e6:.2f} us; total bytes sent {sum(result.bytes_sent)}, "
           f"messages {sum(result.messages_sent)}")
     print(f"{'ranks':>12} {'bytes sent':>14} {'bytes recvd':>14} {'msgs sent':>10} {'msgs recvd':>10} "

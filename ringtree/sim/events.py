@@ -159,20 +159,41 @@ class _Ports(NamedTuple):
 
 class _Links:
     """Each node's one link out and one link in: a message between nodes holds both its nodes' links
-    that way, and costs costs.between_nodes. Without nodes told apart, every rank is on node 0."""
+    that way, and costs costs.between_nodes. With costs.link_burst, each link is a token bucket (as
+    tc's tbf): up to that many bytes, refilled at the link's rate, pass at the speed within a node.
+    Without nodes told apart, every rank is on node 0."""
 
     def __init__(self, costs: Costs, node_of, nranks: int) -> None:
         split = node_of is not None and costs.between_nodes is not None and len(set(node_of)) > 1
         self.node = list(node_of) if split else [0] * nranks
         self.alpha, self.beta = costs.between_nodes if split else (costs.alpha, costs.beta)
+        self.fast, self.burst = costs.beta, costs.link_burst
         nodes = max(self.node) + 1
         self.out, self.into = [False] * nodes, [False] * nodes
         self.on_node = [[r for r in range(nranks) if self.node[r] == n] for n in range(nodes)]
+        # per node and way: the bucket's bytes, and when they were counted
+        self.tokens = {way: [0.0] * nodes for way in ("out", "in")}
+        self.counted = {way: [0.0] * nodes for way in ("out", "in")}
 
     def hold(self, sender: int, receiver: int, held: bool) -> None:
         """Take (or free) the links a message from `sender` to `receiver` needs, if any."""
         if self.node[sender] != self.node[receiver]:
             self.out[self.node[sender]] = self.into[self.node[receiver]] = held
+
+    def duration(self, sender: int, receiver: int, size: int, now: float) -> float:
+        """How long a message between nodes, starting `now`, takes: the slower of its two links."""
+        if not self.burst:
+            return self.alpha + self.beta * size
+        return self.alpha + max(self._drain("out", self.node[sender], size, now),
+                                self._drain("in", self.node[receiver], size, now))
+
+    def _drain(self, way: str, node: int, size: int, now: float) -> float:
+        tokens, counted = self.tokens[way], self.counted[way]
+        available = min(self.burst, tokens[node] + (now - counted[node]) / self.beta)
+        fast = min(size, available)
+        seconds = fast * self.fast + (size - fast) * self.beta
+        tokens[node], counted[node] = available - fast, now + (seconds if fast < size else 0.0)
+        return seconds
 
 
 def _ports(ops: _Ops, costs: Costs, trace: bool, node_of) -> _Ports:
@@ -211,7 +232,7 @@ def _ports(ops: _Ops, costs: Costs, trace: bool, node_of) -> _Ports:
         size = size_of[g]
         links.hold(s, r, True)
         if node[s] != node[r]:
-            push(events, (now + links.alpha + links.beta * size, next(tick), s, j))
+            push(events, (now + links.duration(s, r, size, now), next(tick), s, j))
         else:
             push(events, (now + (alpha if size <= eager_limit else alpha_rendezvous) + beta * size, next(tick), s, j))
 

@@ -42,9 +42,14 @@ class Costs(NamedTuple):
     # (α, β) of a message between nodes, which also holds each node's one link that way; None: nodes
     # are not told apart
     between_nodes: tuple[float, float] | None = None
+    # bytes each node link passes at `beta` before its own rate holds, refilled at that rate (a token
+    # bucket, as tc's tbf that scripts/cluster caps links with); None: none
+    link_burst: int | None = None
 
     def check(self) -> None:
         """Raise ValueError for costs the simulator cannot take."""
+        if self.link_burst is not None and (self.link_burst < 0 or self.between_nodes is None):
+            raise ValueError(f"link_burst must be >= 0, with between_nodes, not {self.link_burst}")
         if self.between_nodes is not None and (len(self.between_nodes) != 2 or min(self.between_nodes) < 0):
             raise ValueError(f"between_nodes must be (alpha, beta), both >= 0, not {self.between_nodes}")
         if min(self.alpha, self.beta, self.gamma, self.overhead, self.setup) < 0:
