@@ -22,15 +22,8 @@ LAYOUT = os.environ.get("CLUSTER_LAYOUT")
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(LAYOUT is None, reason="runs under scripts/cluster only")]
 
 
-def expected_topology(layout: str, placement: str) -> Topology:
-    sizes = [int(size) for size in layout.split(",")]
-    if placement == "round-robin":
-        return Topology.of(rank % len(sizes) for rank in range(sum(sizes)))
-    return Topology.parse(layout)
-
-
 def test_ringtree_learns_which_ranks_share_a_host(comm):
-    expected = expected_topology(LAYOUT, os.environ["CLUSTER_PLACEMENT"])
+    expected = Topology.placed([int(size) for size in LAYOUT.split(",")], os.environ["CLUSTER_PLACEMENT"])
     topology = comm_state(comm).topology
     assert topology == expected, f"rank {comm.rank}: learned {topology}, expected {expected}"
     assert topology.crossings(list(topology.node_order)) == (topology.nodes if topology.nodes > 1 else 0)

@@ -24,6 +24,9 @@ def test_a_topology_numbers_nodes_by_their_first_rank_and_says_its_shape():
     assert t.ranks_on(1) == (1, 3) and t.node_order == (0, 2, 1, 3, 4)
     assert str(t) == "3 nodes of 2,2,1, ranks interleaved"
     assert str(Topology.parse("2,2")) == "2 nodes × 2" and Topology.parse("3").node_of == (0, 0, 0)
+    assert Topology.placed([2, 2], "round-robin").node_of == (0, 1, 0, 1)
+    with pytest.raises(ValueError, match="even layout"):
+        Topology.placed([2, 1], "round-robin")
     for bad in ("", "2,x", "2,0"):
         with pytest.raises(ValueError, match="ranks per node|at least one rank"):
             Topology.parse(bad)
@@ -95,7 +98,7 @@ def test_the_simulator_charges_messages_between_nodes_their_own_costs_and_one_li
 @pytest.mark.parametrize("argv,said", [
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1M", "--layout", "2,1"], "has 3 ranks, not 4"),
     (["simulate", "--algorithm", "ring", "--ranks", "3", "--bytes", "1M", "--layout", "2,1", "--placement",
-      "round-robin"], "takes an even --layout"),
+      "round-robin"], "takes an even layout"),
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1M", "--alpha-between", "1e-5"], "go together"),
     (["draw", "--algorithm", "hierarchical", "--ranks", "4", "--layout", "2,x"], "not ranks per node"),
 ])

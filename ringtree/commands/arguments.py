@@ -172,8 +172,7 @@ def topology_from(args: argparse.Namespace, nranks: int):
         return None
     if sum(args.layout) != nranks:
         raise UsageError(f"--layout {','.join(map(str, args.layout))} has {sum(args.layout)} ranks, not {nranks}")
-    if args.placement == "round-robin":
-        if len(set(args.layout)) > 1:
-            raise UsageError("--placement round-robin takes an even --layout")
-        return Topology.of(rank % len(args.layout) for rank in range(nranks))
-    return Topology.parse(",".join(map(str, args.layout)))
+    try:
+        return Topology.placed(args.layout, args.placement)
+    except ValueError as error:
+        raise UsageError(f"--placement {args.placement}: {error}") from None

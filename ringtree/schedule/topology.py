@@ -35,8 +35,18 @@ class Topology(NamedTuple):
             sizes = [int(part) for part in text.split(",")]
         except ValueError:
             raise ValueError(f"{text!r} is not ranks per node such as 2,2 or 2,1,2") from None
+        return cls.placed(sizes)
+
+    @classmethod
+    def placed(cls, sizes, placement: str = "block") -> Topology:
+        """`sizes[k]` ranks on node k, placed "block" (node 0's first) or "round-robin" (rank r on node
+        r mod K, for nodes of one size): as scripts/cluster places them."""
         if not sizes or min(sizes) < 1:
-            raise ValueError(f"{text!r}: every node needs at least one rank")
+            raise ValueError(f"{','.join(map(str, sizes))!r}: every node needs at least one rank")
+        if placement == "round-robin":
+            if len(set(sizes)) > 1:
+                raise ValueError("round-robin placement takes an even layout")
+            return cls.of(rank % len(sizes) for rank in range(sum(sizes)))
         return cls(tuple(node for node, size in enumerate(sizes) for _ in range(size)))
 
     @property
