@@ -148,13 +148,12 @@ def output_path(text: str) -> str:
 
 def layout(text: str) -> list[int]:
     """An argparse type: ranks per node, as 2,2 or 2,1,2."""
+    from ..schedule.topology import Topology
+
     try:
-        sizes = [int(word) for word in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not ranks per node like 2,2 or 2,1,2: {text}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"every node needs at least one rank: {text}")
-    return sizes
+        return list(Topology.parse(text).ranks_per_node)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:

@@ -93,8 +93,9 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> SimResult:
     costs = costs_from(args)
+    topology = topology_from(args, args.ranks)
     result = simulate(args.algorithm, args.ranks, args.bytes, costs, itemsize=args.itemsize, segment=args.segment,
-                      stepwise=args.stepwise, progress=True, topology=topology_from(args, args.ranks))
+                      stepwise=args.stepwise, progress=True, topology=topology)
     n, k = args.ranks, args.bytes
     ideal = 2 * (n - 1) * k / n
     rounding = ("exact: every chunk holds the same whole number of elements" if (k // args.itemsize) % n == 0 else
@@ -108,11 +109,11 @@ def run(args: argparse.Namespace) -> SimResult:
             return result
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
-    _print_table(args, costs, result, ideal, rounding)
+    _print_table(args, costs, result, ideal, rounding, topology)
     return result
 
 
-def _print_table(args, costs: Costs, result: SimResult, ideal: float, rounding: str) -> None:
+def _print_table(args, costs: Costs, result: SimResult, ideal: float, rounding: str, topology) -> None:
     n, k = args.ranks, args.bytes
     print(f"# {args.algorithm}, {n} ranks, {format_size(k)} ({k // args.itemsize} elements of {args.itemsize} B)"
           + (f", segments of {format_size(args.segment)}" if args.segment else "")
@@ -122,7 +123,7 @@ def _print_table(args, costs: Costs, result: SimResult, ideal: float, rounding: 
           + (f", above {costs.eager_limit} B alpha {costs.alpha_rendezvous:.3g} s" if costs.eager_limit is not None
              else "") + ("" if costs.duplex else ", one port per rank")
           + (f", setup {costs.setup:.3g} s" if costs.setup else "")
-          + (f"; {topology_from(args, n)}" if args.layout else "")
+          + (f"; {topology}" if topology is not None else "")
           + (f", between nodes alpha {costs.between_nodes[0]:.3g} s, beta {costs.between_nodes[1]:.3g} s/B"
              if costs.between_nodes else "")
           + (f", links' token bucket {format_size(costs.link_burst)}" if costs.link_burst else ""))

@@ -210,6 +210,7 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
     """The algorithm and segment size for an allreduce of `nbytes` on `nranks` ranks, laid out on
     nodes as `topology` says (None: one node)."""
     source = "call"
+    across = topology is not None and topology.nodes > 1  # the table's model and segments are of one node
     if algorithm == "auto":
         algorithm = settings.current().algorithm
         source = "RINGTREE_ALGORITHM"
@@ -222,12 +223,10 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
                 segment = rule.get("segment", 0) or nbytes
         else:
             params = table().model(nranks)
-            across = topology is not None and topology.nodes > 1
             algorithm = "hierarchical" if across else min(ALGORITHMS, key=lambda name: predict(
                 name, nranks, nbytes, params, segment or table().segment(nranks, name, nbytes)))
             source = "model"
     if segment is None:
-        across = topology is not None and topology.nodes > 1  # the table's segments were measured on one node
         segment = SEGMENT_BYTES_ACROSS_NODES if across else table().segment(nranks, algorithm, nbytes)
     return choice_of(algorithm, nbytes, segment, source)
 
