@@ -34,6 +34,7 @@ from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import FIRST_IN, THREADED, get_ident, note_thread
+from .runtime.transports import routed, transport_for
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
@@ -218,6 +219,7 @@ class CallPlan(NamedTuple):
     stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
     peers: tuple  # the ranks the schedule exchanges with, for a stall warning
     signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
+    transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
 
     def take_scratch(self) -> list:
         """Scratch buffers a finished call left, or new ones."""
@@ -254,7 +256,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
     dtype = target.dtype
-    if backend.staged and target.nbytes <= current.gpu_host_max:
+    if backend.staged and target.nbytes <= current.gpu_host_max and transport_for(state, backend) is None:
         return None, state, source, target, recvbuf, inplace, timeout, None  # for _through_host
     if current.check if check is None else check:
         # Before the choice: online tuning takes its steps on the arguments the ranks agree on here.
@@ -333,14 +335,16 @@ def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segmen
         call = state.plans[plan_key] = native_plan(reduce_op, backend.divide, state, target.size, dtype, sign)
         return call
     stepwise = choice.stepwise and not backend.asynchronous
+    transport, ipc_peers, choice = routed(state, backend, choice, segment)
     runnable = compiled(Shape(choice.algorithm, state.size, state.rank, target.size,
                               max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW,
-                              backend.staged, stepwise, topology=state.topology if state.topology.nodes > 1 else None))
+                              backend.staged, stepwise, topology=state.topology if state.topology.nodes > 1 else None,
+                              ipc_peers=ipc_peers))
     reduce = backend.reducer(reduce_op)
     call = state.plans[plan_key] = CallPlan(
         runnable, runnable.steps, runnable.in_place_steps, backend, reduce, backend.bind(reduce) if stepwise else None,
         reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [],
-        tuple(sorted({op.peer for op in runnable.schedule.ops if op.peer is not None})), sign)
+        tuple(sorted({op.peer for op in runnable.schedule.ops if op.peer is not None})), sign, transport)
     return call
 
 
@@ -350,7 +354,7 @@ def _new_scratch(runnable: CompiledSchedule, backend, dtype) -> list:
 
 
 def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -> Request:
-    reduce, copy, divide = call.backend.bind(call.reduce)
+    reduce, copy, divide = call.backend.bind(call.reduce, call.transport is not None)
     scratch = call.take_scratch()
     started = time.perf_counter()
 
@@ -361,7 +365,7 @@ def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -
 
     with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
         execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state, call.signature,
-                              finish, timeout, call.backend.asynchronous)
+                              finish, timeout, call.backend.asynchronous, call.transport)
     if trial is not None:
         Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
     return Request(execution, recvbuf)

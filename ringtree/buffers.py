@@ -19,7 +19,7 @@ from . import tensors
 from .debug import configure_debug_logging, log
 from .ops import op_name, parse_op
 from .request import Request
-from .runtime.backend import NoDevice, backend_for, cupy_backend
+from .runtime.backend import REGISTERED, NoDevice, backend_for, cupy_backend
 from .runtime.native import MPIOwn
 from .tensors import is_tensor
 
@@ -44,7 +44,8 @@ def is_plain_call(sendbuf, recvbuf) -> bool:
 def _plain(buf) -> bool:
     if type(buf) is np.ndarray:
         return buf.flags.c_contiguous
-    return type(buf).__module__.split(".")[0] == "cupy"  # CuPy's own checks and messages apply
+    # CuPy's arrays, and those of a registered backend: allreduce's own checks and messages apply
+    return type(buf).__module__.split(".")[0] == "cupy" or any(backend.owns(buf) for backend in REGISTERED)
 
 
 def converted(sendbuf, recvbuf) -> Converted:

@@ -37,6 +37,7 @@ from .runtime.stalls import watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import THREADED, get_ident
+from .runtime.transports import routed
 from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.collectives import NATIVE, choose
@@ -301,11 +302,10 @@ class CollectivePlan(NamedTuple):
     signature: Signature
     bound: tuple | None  # the stepwise path's (reduce, copy, divide), where it may run the plan's steps
     stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
+    transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
 
     def take_scratch(self) -> list:
-        if self.free_scratch:
-            return self.free_scratch.pop()
-        return self.new_scratch()
+        return self.free_scratch.pop() if self.free_scratch else self.new_scratch()
 
     def new_scratch(self) -> list:
         return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
@@ -330,15 +330,16 @@ def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment
             _REPEATS.clear()
         plan = native_plan(call.reduce_op, call.backend.divide, state, call.count, dtype, sign, persistent=False)
     else:
+        transport, ipc_peers, choice = routed(state, call.backend, choice, segment)
         segment_elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
         # An unsplit schedule of host arrays may also run a step at a time (runtime/stepwise.py), as a
         # blocking call with nothing else in flight does: unsplit, there is nothing for the engine to overlap.
         stepwise = not segment_elements and not call.backend.asynchronous
         runnable = compiled(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
-                                  call.backend.staged, stepwise, collective))
+                                  call.backend.staged, stepwise, collective, ipc_peers=ipc_peers))
         reduce = call.backend.reducer(call.reduce_op) if call.reduce_op is not None else None
         plan = CollectivePlan(runnable, call.backend, reduce, call.reduce_op is ReduceOp.AVG, dtype, [], sign,
-                              call.backend.bind(reduce) if stepwise else None, [])
+                              call.backend.bind(reduce) if stepwise else None, [], transport)
         if stepwise:
             plan.stepwise_scratch.extend(plan.new_scratch())
     state.plans[key] = plan
@@ -351,7 +352,7 @@ def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
         native = NativeInFlight(plan, state, call.source, call.target, call.inplace, _nothing, repeat.what,
                                 repeat.native)
         return Request(native, call.result, call.after)
-    reduce, copy, divide = plan.backend.bind(plan.reduce)  # plan.reduce None: a collective that reduces nothing
+    reduce, copy, divide = plan.backend.bind(plan.reduce, plan.transport is not None)  # reduce None: reduces nothing
     scratch = plan.take_scratch()
 
     def finish() -> None:
@@ -361,7 +362,7 @@ def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
 
     with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
         execution = Execution(plan.compiled, [call.source, call.target, *scratch], call.inplace, reduce, copy, state,
-                              plan.signature, finish, timeout, plan.backend.asynchronous)
+                              plan.signature, finish, timeout, plan.backend.asynchronous, plan.transport)
     return Request(execution, call.result, call.after)
 
 

@@ -42,6 +42,7 @@ class Settings:
     stall_warning: float | None = 60.0  # seconds without progress before a warning; None: no warning
     signatures: bool = True  # calls' signatures in their messages' tags, compared (runtime/mismatch.py)
     topology: str = "nodes"  # nodes: learn which ranks share a node; flat: treat all ranks as one node
+    transport: str = "auto"  # how device memory moves: auto, ipc, direct or staged (runtime/transports.py)
 
 
 class Variable(NamedTuple):
@@ -96,6 +97,13 @@ def _tune(text: str) -> str:
 
 TUNE_MODES = ("online", "cache", "off")
 TOPOLOGIES = ("nodes", "flat")
+TRANSPORTS = ("auto", "ipc", "direct", "staged")
+
+
+def _transport(text: str) -> str:
+    if text not in TRANSPORTS:
+        raise ValueError
+    return text
 
 
 def _topology(text: str) -> str:
@@ -123,6 +131,7 @@ VARIABLES = (
     Variable("RINGTREE_CACHE_DIR", "cache_dir", "a directory", str),
     Variable("RINGTREE_SIGNATURES", "signatures", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_TOPOLOGY", "topology", "nodes or flat", _topology),
+    Variable("RINGTREE_TRANSPORT", "transport", "auto, ipc, direct or staged", _transport),
     Variable("RINGTREE_STALL_WARNING", "stall_warning", "a positive number of seconds, or 0 or off", _stall_warning),
 )
 

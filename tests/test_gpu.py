@@ -1,10 +1,12 @@
 """CuPy arrays through the same schedules: on a GPU, against native MPI's Allreduce of the same data
 on the host, on every rank, for every op and dtype; without a GPU, a clear error.
 
-The path is the one this process takes: staged through pinned host memory unless the MPI is
-CUDA-aware, direct otherwise; RINGTREE_CUDA_AWARE=0 or 1 forces one (scripts/gpu-check runs both
-where the MPI allows). Staged calls up to RINGTREE_GPU_HOST_MAX bytes reduce a host copy of the
-whole array; the tests run small calls both ways."""
+The path is the one this process takes: between ranks of one node CUDA IPC, to others staged
+through pinned host memory unless the MPI is CUDA-aware, direct otherwise; RINGTREE_TRANSPORT
+(auto, ipc, direct, staged) and RINGTREE_CUDA_AWARE=0 or 1 force one (scripts/gpu-check runs
+IPC and staged, and direct where the MPI allows). Staged calls without IPC peers up to
+RINGTREE_GPU_HOST_MAX bytes reduce a host copy of the whole array; the tests run small calls
+both ways."""
 
 import hashlib
 import os
@@ -23,6 +25,7 @@ from ringtree.ops import ReduceOp
 from ringtree.runtime.backend import cupy_backend
 from ringtree.runtime.cuda import cuda_support
 from ringtree.runtime.state import comm_state
+from ringtree.runtime.transports import transport_for
 
 cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
 
@@ -132,7 +135,27 @@ def test_the_other_collectives_on_the_gpu(comm, name, algorithm, segment):
 @needs_gpu
 def test_the_path_follows_the_mpi_and_the_setting(comm):
     _on_this_rank_device(comm)
-    assert cupy_backend().staged == (not cuda_support().aware)
+    forced = {"staged": True, "direct": False}.get(settings.current().transport)
+    assert cupy_backend().staged == (not cuda_support().aware if forced is None else forced)
+
+
+@pytest.mark.mpi
+@needs_gpu
+def test_ranks_of_one_node_move_device_memory_by_ipc(comm):
+    # Unless RINGTREE_TRANSPORT says otherwise; every rank here is on one node.
+    _on_this_rank_device(comm)
+    mine = comm.Dup()
+    x = cupy.arange(1 << 20, dtype=cupy.float32) + comm.rank
+    got = allreduce(x, comm=mine, algorithm="ring")
+    n = comm.size
+    failures = [] if cupy.array_equal(got, cupy.arange(1 << 20, dtype=cupy.float32) * n + n * (n - 1) // 2) else ["wrong"]
+    ipc = transport_for(comm_state(mine), cupy_backend())
+    if settings.current().transport in ("staged", "direct") or n == 1:
+        failures += [] if ipc is None else ["an IPC transport where none was expected"]
+    elif ipc is None or ipc.peers != frozenset(range(n)) - {comm.rank} or not ipc.stats["headers"]:
+        failures.append(f"not by IPC: {ipc and ipc.stats}")
+    mine.Free()
+    assert_everywhere(comm, failures)
 
 
 @pytest.mark.mpi
@@ -144,7 +167,8 @@ def test_small_staged_calls_go_through_a_host_copy_up_to_the_limit(comm, host_ma
     # A size no other test uses: whether a plan for device arrays of it exists says which way it went.
     x = allreduce(cupy.ones(1237, cupy.int16), comm=comm)
     planned = any(key[0] is cupy_backend() and key[2] == 1237 for key in comm_state(comm).plans)
-    through_host = cupy_backend().staged and host_max == "default"
+    through_host = (cupy_backend().staged and host_max == "default"
+                    and transport_for(comm_state(comm), cupy_backend()) is None)
     failures = [] if planned != through_host else [f"device plan: {planned}, through the host expected: {through_host}"]
     if not cupy.array_equal(x, cupy.full(1237, comm.Get_size(), cupy.int16)):
         failures.append("wrong sum")

@@ -78,3 +78,21 @@ def test_every_other_collective_gives_mpi_s_result_across_hosts(comm, name, algo
     if algorithm == "auto" and segment:
         pytest.skip("auto chooses its own segments")
     assert_everywhere(comm, failures_on(comm, name, algorithm, segment, np.array, np.asarray))
+
+
+def test_device_arrays_go_by_ipc_to_ranks_of_the_same_host_and_staged_to_the_others(comm):
+    from test_ipc import CASES, allreduce_failures, transport  # registers the fake device
+
+    node = Topology.placed([int(size) for size in LAYOUT.split(",")], os.environ["CLUSTER_PLACEMENT"]).node_of
+    mine = comm.Dup()
+    try:
+        failures = [f for algorithm in ("ring", "hierarchical", "auto") for f in allreduce_failures(mine, algorithm, CASES)]
+        expected = sorted(r for r in range(comm.size) if r != comm.rank and node[r] == node[comm.rank])
+        ipc = transport(mine)
+        if (sorted(ipc.peers) if ipc else []) != expected:
+            failures.append(f"IPC peers {ipc and sorted(ipc.peers)}, expected {expected}")
+        elif ipc and not ipc.stats["headers"]:
+            failures.append("no message went by IPC")
+    finally:
+        mine.Free()
+    assert_everywhere(comm, failures)

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringtree.algorithms.hierarchical import hierarchical_allreduce
+from ringtree.algorithms.ring import ring_allreduce
 from ringtree.schedule import OpKind
 from ringtree.schedule.ir import KEPT
 from ringtree.schedule.lower import Shape, lower
@@ -50,6 +51,15 @@ def test_the_node_aware_ring_crosses_each_node_boundary_once(nodes, data):
 def test_the_hierarchical_allreduce_is_an_allreduce_on_every_layout(nodes, count, segment, window, staged):
     t = Topology.of(nodes)
     verify_schedules(schedules("hierarchical", t, count, segment, window, staged), stepwise=not segment)
+
+
+@pytest.mark.parametrize("nranks, count", [(1, 5), (2, 0), (3, 100), (4, 1 << 20), (8, 61)])
+def test_on_one_node_the_hierarchical_allreduce_is_the_ring(nranks, count):
+    # which lets the MPI tests on one node leave it out (tests/test_allreduce.py)
+    for rank in range(nranks):
+        ours = hierarchical_allreduce(nranks, rank, count, Topology.flat(nranks))
+        ring = ring_allreduce(nranks, rank, count)
+        assert (ours.ops, ours.scratch) == (ring.ops, ring.scratch)
 
 
 @pytest.mark.parametrize("layout", ["2,2", "4,4", "3,3,3", "2,2,2,2"])

@@ -14,10 +14,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .. import settings
 from ..debug import log
 from ..ops import ReduceOp
 
-__all__ = ["Backend", "NumpyBackend", "CupyBackend", "NoDevice", "backend_for", "cupy_backend"]
+__all__ = ["Backend", "NumpyBackend", "CupyBackend", "NoDevice", "backend_for", "cupy_backend", "register"]
 
 Reduce = Callable[[Any, Any, Any], Any]  # (left, right, out): out <- left (+) right
 
@@ -27,6 +28,8 @@ class Backend(Protocol):
 
     staged: bool  # messages go through host memory: the MPI cannot take these arrays
     asynchronous: bool  # reductions and copies may return before they finish (runtime/engine.py)
+    device: bool  # the arrays are in device memory
+    ipc: object  # the device layer ranks of one node map each other's memory with (runtime/ipc.py), or None
 
     def owns(self, array) -> bool: ...
 
@@ -44,8 +47,9 @@ class Backend(Protocol):
 
     def reducer(self, op: ReduceOp) -> Reduce: ...
 
-    def bind(self, reduce: Reduce) -> tuple[Callable, Callable, Callable]:
-        """(reduce, copy, divide) for one call started now."""
+    def bind(self, reduce: Reduce, shared: bool = False) -> tuple[Callable, Callable, Callable]:
+        """(reduce, copy, divide) for one call started now; `shared`: other ranks read its memory themselves
+        (IPC), so what the caller queued before the call must have finished."""
 
     def aliasing(self, a, b) -> str | None:
         """None if a and b are apart in memory, "same" if they are one region, else "overlap"."""
@@ -79,6 +83,8 @@ class NumpyBackend:
 
     staged = False  # MPI takes these arrays as they are
     asynchronous = False  # reductions and copies have finished when they return
+    device = False
+    ipc = None  # host memory goes through MPI, which shares it between ranks of a node itself
 
     @staticmethod
     def owns(array) -> bool:
@@ -93,7 +99,7 @@ class NumpyBackend:
         return array.flags.writeable
 
     @classmethod
-    def bind(cls, reduce):
+    def bind(cls, reduce, shared=False):
         """(reduce, copy, divide) for one call started now; on the host, the same for every call."""
         return reduce, cls.copy, cls.divide
 
@@ -151,9 +157,12 @@ class CupyBackend:
     message through host slots, here pinned (page-locked) memory from CuPy's
     pinned pool. Else MPI reads and writes device memory itself: the call's
     stream is synchronised before the first message, so MPI reads finished data.
+    Messages between ranks of one node go by CUDA IPC instead (`ipc`; runtime/ipc.py),
+    which also synchronises the stream first: the peer reads the memory itself.
     """
 
     asynchronous = True
+    device = True
 
     def __init__(self, staged: bool) -> None:
         import cupy
@@ -169,6 +178,20 @@ class CupyBackend:
         self.copy_streams: dict[int, object] = {}  # device id -> the stream staging copies go on
         self.copying: deque = deque()  # (event, host array): copies to the device not known to be done
         self.reducible: set[tuple[ReduceOp, np.dtype]] = set()  # pairs check() has seen CuPy reduce
+        self._ipc: object = False  # not looked for yet
+
+    @property
+    def ipc(self):
+        """CUDA's IPC layer, or None where the driver lacks what it needs (said once, RINGTREE_DEBUG=1)."""
+        if self._ipc is False:
+            from .ipc import CudaLayer
+
+            try:
+                self._ipc = CudaLayer()
+            except (OSError, AttributeError) as error:
+                log.info("no CUDA IPC between ranks of a node: %s", error)
+                self._ipc = None
+        return self._ipc
 
     def owns(self, array) -> bool:
         return isinstance(array, self.cupy.ndarray)
@@ -224,12 +247,12 @@ class CupyBackend:
             array.set(host, stream=stream)
             self.copying.append((self._recorded(stream), host))
 
-    def bind(self, ufunc):
+    def bind(self, ufunc, shared=False):
         """(reduce, copy, divide) for one call, on the stream current now."""
         cupy, recorded = self.cupy, self._recorded
         stream = cupy.cuda.get_current_stream()
         transfers = self._copy_stream()
-        if self.staged:
+        if self.staged and not shared:
             transfers.wait_event(recorded(stream))  # the caller's work on its input comes first
         else:
             stream.synchronize()  # MPI reads the input itself
@@ -295,14 +318,31 @@ def cupy_backend() -> CupyBackend:
         raise NoDevice(f"the arrays are CuPy arrays, but CUDA finds no usable device ({error})") from None
     if devices == 0:
         raise NoDevice("the arrays are CuPy arrays, but CUDA finds no device")
-    staged = not cuda_support().aware
-    log.info("CuPy arrays go %s", "through pinned host memory (staged)" if staged else "to MPI directly")
+    transport = settings.current().transport
+    staged = {"staged": True, "direct": False}.get(transport, not cuda_support().aware)
+    log.info("CuPy arrays go %s (between ranks of a node, by CUDA IPC where it works: RINGTREE_TRANSPORT=%s)",
+             "through pinned host memory (staged)" if staged else "to MPI directly", transport)
     return CupyBackend(staged)
+
+
+# Backends of other array libraries, asked before numpy's (whose arrays theirs may subclass): `register`.
+REGISTERED: list = []
+
+
+def register(backend) -> None:
+    """Let ringtree take the arrays `backend` owns (a `Backend`), before numpy's and CuPy's."""
+    if backend not in REGISTERED:
+        REGISTERED.append(backend)
 
 
 def backend_for(array):
     """The backend that handles `array`, or None. CuPy is imported only when an array is CuPy's."""
-    if type(array) is np.ndarray or NumpyBackend.owns(array):
+    if type(array) is np.ndarray:
+        return NumpyBackend
+    for backend in REGISTERED:
+        if backend.owns(array):
+            return backend
+    if NumpyBackend.owns(array):
         return NumpyBackend
     if type(array).__module__.split(".")[0] == "cupy":
         backend = cupy_backend()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -31,6 +32,7 @@ class CompiledSchedule:
     # onto itself when the call is in place.
     actions: tuple[tuple, ...]
     in_place_actions: tuple[tuple | None, ...]
+    messages: dict[int, int]  # peer -> how many messages this rank sends it and receives from it
     # For the stepwise path (else None), one entry per step: (EXCHANGE, peer, region, peer, region),
     # (SEND | RECV, peer, region), or (REDUCE | COPY, regions...) as above, where a region is
     # (buffer, element slice or None for all of it).
@@ -77,9 +79,10 @@ def compile_program(program: Program) -> CompiledSchedule:
         return tuple(found)
 
     stepwise = program.steps is not None
+    messages = Counter(op.peer for op in schedule.ops if op.peer is not None)
     return CompiledSchedule(schedule, flow.dependents, flow.channel_next, flow.initial_pending,
                             tuple(i for i, p in enumerate(flow.initial_pending) if p == 0), tuple(actions),
-                            tuple(in_place), compiled_steps(False) if stepwise else None,
+                            tuple(in_place), dict(messages), compiled_steps(False) if stepwise else None,
                             compiled_steps(True) if stepwise else None)
 
 

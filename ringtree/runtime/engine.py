@@ -7,6 +7,8 @@ so transfers are already under way while the array library computes. Messages
 to (and from) the same peer are posted in schedule order, which is what lets
 the schedule rely on MPI's non-overtaking rule. All collectives in flight share
 one list of requests, so waiting on any of them progresses every one.
+
+Messages to IPC peers (ipc.py) are, like queued reductions, objects whose `done` moves them on.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..schedule import OpKind
 from . import reliability, timeline
 from .compiled import CompiledSchedule
 from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
+from .ipc import MessageError, WrongSize, ipc_message, mismatch
 from .mismatch import LOOK_EVERY, Signature, Watch
 from .stalls import slot
 
@@ -36,17 +39,19 @@ class Execution:
     """One rank's run of one collective."""
 
     __slots__ = ("compiled", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
-                 "signature", "finish", "timeout", "pending", "remaining", "done", "computes", "failed")
+                 "signature", "finish", "timeout", "pending", "remaining", "done", "computes", "failed", "transport",
+                 "ipc_peers", "channels", "exported")
 
     def __init__(self, compiled: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
-                 state, signature: Signature, finish, timeout: float | None = None, asynchronous: bool = False) -> None:
+                 state, signature: Signature, finish, timeout: float | None = None, asynchronous: bool = False,
+                 transport=None) -> None:
         """`buffers`: 1-D arrays of elements, numbered as in CompiledSchedule; `inplace`: input and
         output are the same memory; `state`: the communicator's CommState. Messages go as bytes:
         [region, MPI.BYTE]. `timeout`: seconds without progress before a wait raises TimeoutError.
         `signature`: the call's (mismatch.py), in every message's tag.
         `asynchronous`: `reduce` and `copy` may return, instead of None, something whose `done` turns
         true once the work they queued has finished (a CUDA event); the ops that depend on it wait
-        until then."""
+        until then. `transport`: the call's IpcTransport, whose peers' messages go by IPC, or None."""
         self.compiled = compiled
         self.actions = compiled.in_place_actions if inplace else compiled.actions
         self.buffers = buffers
@@ -65,6 +70,10 @@ class Execution:
         self.done = False
         self.failed: Exception | None = None  # the error it was abandoned with, in whichever thread's poll
         self.computes: deque[int] = deque()
+        self.transport = transport
+        self.ipc_peers = frozenset() if transport is None else transport.peers
+        self.channels: dict = {}  # per IPC peer: its ipc.Channel
+        self.exported: dict = {}  # for the IPC transport: each buffer's export, looked up once per call
         self._run(list(compiled.first_ready))
         if self.remaining == 0:
             self._complete()
@@ -82,23 +91,24 @@ class Execution:
     def _run(self, ready: list[int]) -> None:
         """Post every ready message; then compute one ready op, and repeat."""
         actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending
-        channel_next = self.compiled.channel_next
+        channel_next, ipc_peers = self.compiled.channel_next, self.ipc_peers
         tracing = timeline.ACTIVE
         while True:
             while ready:
                 i = ready.pop()
                 action = actions[i]
                 kind = action[0] if action is not None else None
-                if kind is SEND:
-                    request = self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag)
-                elif kind is RECV:
-                    request = self.comm.Irecv([buffers[action[2]][action[3]], BYTE], action[1], self.tag)
-                else:
+                if kind is not SEND and kind is not RECV:
                     computes.append(i)
                     continue
+                if action[1] in ipc_peers:
+                    IN_FLIGHT.add_queued(self._by_ipc(kind, action[1], buffers[action[2]], action[3]), self, i)
+                elif kind is SEND:
+                    IN_FLIGHT.add(self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag), self, i)
+                else:
+                    IN_FLIGHT.add(self.comm.Irecv([buffers[action[2]][action[3]], BYTE], action[1], self.tag), self, i)
                 if tracing:
                     timeline.posted(self, i)
-                IN_FLIGHT.add(request, self, i)
                 following = channel_next[i]
                 if following >= 0:
                     pending[following] -= 1
@@ -123,6 +133,13 @@ class Execution:
                 IN_FLIGHT.add_queued(queued, self, i)
             else:
                 self._finished(i, ready)
+
+    def _by_ipc(self, kind, peer: int, buffer, elements: slice):
+        try:
+            return ipc_message(self, kind is SEND, peer, buffer, elements)
+        except RuntimeError as error:  # the memory cannot be shared: this call cannot go on
+            with LOCK:
+                raise IN_FLIGHT.abandon(self, error) from None
 
     def _finished(self, i: int, ready: list[int]) -> None:
         self.remaining -= 1
@@ -155,7 +172,7 @@ class Execution:
     def peers_waited_for(self) -> list[int]:
         """The ranks of this collective's messages in flight: whom a stall warning says it waits for."""
         ops = self.compiled.schedule.ops
-        return sorted({ops[op].peer for owner, op in list(IN_FLIGHT.owners) if owner is self})
+        return sorted({ops[op].peer for op in IN_FLIGHT.ops_of(self)} - {None})
 
 
 class InFlight:
@@ -173,6 +190,11 @@ class InFlight:
 
     def add_queued(self, work, execution: Execution, op: int) -> None:
         self.queued.append((work, execution, op))
+
+    def ops_of(self, execution: Execution) -> list[int]:
+        """`execution`'s ops in flight: messages and queued work."""
+        return sorted([op for owner, op in list(self.owners) if owner is execution]
+                      + [op for _, owner, op in list(self.queued) if owner is execution])
 
     def poll(self) -> bool:
         """Handle the requests and queued work that completed, if any; say whether any had. Any
@@ -239,7 +261,14 @@ class InFlight:
     def _poll_queued(self) -> bool:
         done, running = [], []
         for entry in self.queued:
-            (done if entry[0].done else running).append(entry)
+            try:
+                finished = entry[0].done
+            except (WrongSize, MessageError) as error:  # the ranks differ on the call, or on its arrays
+                execution = entry[1]
+                Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(mismatch(error))
+            except RuntimeError as error:  # a peer's memory cannot be mapped
+                raise self.abandon(entry[1], error) from None
+            (done if finished else running).append(entry)
         if done:
             self.queued = running
             for _, execution, op in done:
@@ -261,6 +290,9 @@ class InFlight:
                     request.Free()  # a send a live peer may still take: MPI drops it at exit
             except MPI.Exception:
                 pass  # a peer failed, or the communicator is revoked: nothing more to undo
+        for work, owner, _ in self.queued:
+            if owner is execution and hasattr(work, "cancel"):  # IPC messages
+                work.cancel()
         keep = [k for k, (owner, _) in enumerate(self.owners) if owner is not execution]
         self.requests = [self.requests[k] for k in keep]
         self.owners = [self.owners[k] for k in keep]
@@ -318,8 +350,8 @@ class InFlight:
                         next_answer = now + reliability.ANSWER_EVERY_SECONDS
                     if now - last_progress > timeout:
                         with LOCK:
-                            waiting = sorted(op for owner, op in self.owners if owner is execution)
-                            raise self.abandon(execution, reliability.timed_out(execution, waiting, timeout))
+                            raise self.abandon(execution, reliability.timed_out(execution, self.ops_of(execution),
+                                                                                timeout))
                 idle += 1
                 if idle % LOOK_EVERY == 0:
                     if watch is None:

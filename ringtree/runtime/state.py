@@ -56,10 +56,12 @@ class CommState:
                 timeline.start(current.timeline)
             stalls.watch(current.stall_warning)
             mine = (f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}, "
-                    f"RINGTREE_SIGNATURES={int(current.signatures)}, RINGTREE_TOPOLOGY={current.topology}")
+                    f"RINGTREE_SIGNATURES={int(current.signatures)}, RINGTREE_TOPOLOGY={current.topology}, "
+                    f"RINGTREE_TRANSPORT={current.transport}")
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the CallPlan (or NativePlan) allreduce built on the first call
+        self.transports: dict = {}  # device layer -> its IpcTransport, or None (runtime/transports.py)
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
         # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's).
         plain = MPI.Intracomm(comm)
@@ -82,7 +84,11 @@ class CommState:
         if failure is not None:
             self.free()
             raise type(failure)(f"ringtree on rank {self.rank}: {failure}")
-        self.topology = _topology(self.comm) if current.topology == "nodes" else Topology.flat(self.size)
+        # Which ranks share a node as MPI says, for the IPC transport; the algorithms see it unless
+        # RINGTREE_TOPOLOGY=flat.
+        self.hosts = _topology(self.comm)
+        self.topology = self.hosts if current.topology == "nodes" else Topology.flat(self.size)
+
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
         self.cycle, self.codes, self.mask = self.layout.calls, self.layout.codes, self.layout.codes - 1
         self.calls = 0
@@ -113,6 +119,9 @@ class CommState:
         for plan in self.plans.values():
             if type(plan) is NativePlan:
                 free_plan(plan)
+        for transport in self.transports.values():
+            if transport is not None:
+                transport.close()
         self.comm.Free()
         self.control.Free()
 

@@ -33,6 +33,7 @@ class Shape(NamedTuple):
     stepwise: bool = False  # also the steps of the stepwise path (unsegmented schedules only)
     collective: Collective = ALLREDUCE
     topology: Topology | None = None  # which ranks share a node; None: one node
+    ipc_peers: frozenset[int] = frozenset()  # staged or not, messages to these go by IPC: never staged
 
 
 class Program(NamedTuple):
@@ -55,5 +56,5 @@ def lower(shape: Shape) -> Program:
     if shape.segment:
         schedule = segmented(schedule, shape.segment, shape.window)
     if shape.staged:
-        schedule = staged(schedule, shape.window)
+        schedule = staged(schedule, shape.window, shape.ipc_peers)
     return Program(schedule, steps(schedule) if shape.stepwise else None)

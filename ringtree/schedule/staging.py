@@ -30,13 +30,15 @@ def is_host(buffer: str) -> bool:
     return buffer.startswith(HOST)
 
 
-def staged(schedule: Schedule, window: int) -> Schedule:
+def staged(schedule: Schedule, window: int, unstaged: frozenset[int] = frozenset()) -> Schedule:
+    """`schedule` with its messages through host slots, except those to and from the `unstaged` peers
+    (which a device transport of their own reaches)."""
     if window < 1:
         raise ValueError(f"window ({window}) must be positive")
     b = ScheduleBuilder.like(schedule)
     for name, size in schedule.scratch:
         b.scratch(name, size)
-    messages = [op for op in schedule.ops if op.peer is not None]
+    messages = [op for op in schedule.ops if op.peer is not None and op.peer not in unstaged]
     size = max((op.regions[0].count for op in messages), default=0)
     channels: dict[tuple[OpKind, int], int] = {}  # channel -> its index among its kind's channels
     for op in messages:
@@ -54,7 +56,9 @@ def staged(schedule: Schedule, window: int) -> Schedule:
         return Ref(SEND_SLOTS if op.kind is OpKind.SEND else RECV_SLOTS, first, region.count)
 
     for op in schedule.ops:
-        if op.kind is OpKind.SEND:
+        if op.peer in unstaged:
+            b.add(op)
+        elif op.kind is OpKind.SEND:
             staging = slot(op, op.src)
             b.copy(staging, op.src)
             b.send(op.peer, staging)

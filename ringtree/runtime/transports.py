@@ -1,0 +1,54 @@
+"""Which transport carries a call's messages to each peer.
+
+Host arrays: MPI, always. Device arrays (a backend with a device layer, `backend.ipc`):
+to a rank of the same node, CUDA IPC (ipc.py); to any other, MPI on device memory
+where the MPI is CUDA-aware, else staged through pinned host memory (the backend's
+`staged`). RINGTREE_TRANSPORT forces one: `ipc` (an error where the device layer
+is missing), `direct` or `staged` (no IPC). The node map is MPI's own
+(CommState.hosts), whatever RINGTREE_TOPOLOGY says. Every rank of a node decides
+alike, from settings all ranks are known to share; RINGTREE_DEBUG=1 logs each
+peer's transport once per communicator.
+"""
+
+from __future__ import annotations
+
+from .. import settings
+from ..debug import log
+from .ipc import IpcTransport
+
+__all__ = ["transport_for", "routed"]
+
+
+def transport_for(state, backend) -> IpcTransport | None:
+    """The IPC transport of `state`'s communicator for `backend`'s arrays, or None where no peer is
+    reached by IPC."""
+    layer = backend.ipc
+    mode = settings.current().transport
+    if mode == "ipc" and layer is None and backend.device:
+        name = backend.__name__ if isinstance(backend, type) else type(backend).__name__
+        raise RuntimeError(f"ringtree on rank {state.rank}: RINGTREE_TRANSPORT=ipc, but {name} has no IPC layer "
+                           "here (RINGTREE_DEBUG=1 says why)")
+    if layer is None or mode in ("direct", "staged"):
+        return None
+    if layer not in state.transports:
+        node = state.hosts.node_of
+        peers = frozenset(r for r in range(state.size) if r != state.rank and node[r] == node[state.rank])
+        state.transports[layer] = IpcTransport(layer, state.comm, peers) if peers else None
+        if log.isEnabledFor(20):
+            beyond = "staged through host memory" if backend.staged else "MPI on device memory"
+            log.info("%s transports on %s: %s", layer.name, state.name, ", ".join(
+                f"rank {r}: {'self' if r == state.rank else 'IPC' if r in peers else beyond}" for r in range(state.size)))
+    return state.transports[layer]
+
+
+def routed(state, backend, choice, segment: int | None):
+    """The call's IPC transport (or None), its IPC peers, and `choice` unsegmented where every peer is
+    reached by IPC and the caller left the segment open: there each message costs a header, an ack
+    and a copy's launch (tens of microseconds of Python and CUDA), and copies and reductions share
+    the devices' memory anyway."""
+    transport = transport_for(state, backend)
+    if transport is None:
+        return None, frozenset(), choice
+    if segment is None and len(transport.peers) == state.size - 1:
+        choice = choice._replace(segment=0)
+    return transport, transport.peers, choice
