@@ -376,6 +376,7 @@ class CudaLayer:
             return
         del self.opened[handle]
         try:
+            self.cupy.cuda.runtime.deviceSynchronize()  # a copy out of it may still run (rare: once per freed allocation)
             self.cupy.cuda.runtime.ipcCloseMemHandle(mapped.data.ptr)
         except self.cupy.cuda.runtime.CUDARuntimeError as error:
             log.warning("ringtree: closing a peer's device memory failed: %s", error)
