@@ -202,3 +202,36 @@ def test_transport_ipc_is_an_error_where_device_memory_cannot_be_shared(comm, mo
     finally:
         monkeypatch.delenv("RINGTREE_TRANSPORT")
         settings.reload()
+
+
+def test_many_calls_in_flight_by_ipc_waited_in_any_order(fresh):
+    # Each call has its own tag, so its headers and acks never meet another call's.
+    names = sorted(ALGORITHMS)
+    rng = np.random.default_rng(7)
+    counts = [int(c) for c in rng.integers(0, 5000, 16)]
+    inputs = [device_array(np.arange(c, dtype=np.int64) * (fresh.rank + 1) + i) for i, c in enumerate(counts)]
+    requests = [ringtree.iallreduce(x, comm=fresh, algorithm=names[i % len(names)], segment=[None, 4096][i % 2])
+                for i, x in enumerate(inputs)]
+    failures = []
+    for i in rng.permutation(len(requests)):  # the same order on every rank: the seed is the same
+        got = host(requests[i].wait())
+        n = fresh.size
+        if not np.array_equal(got, np.arange(counts[i]) * n * (n + 1) // 2 + n * i):
+            failures.append(f"call {i} ({names[i % len(names)]}, {counts[i]} elements) wrong")
+    assert_everywhere(fresh, failures)
+
+
+def test_a_rank_that_never_joins_is_a_timeout_not_a_hang(fresh):
+    if fresh.size < 2:
+        pytest.skip("needs a rank to stay away")
+    ringtree.allreduce(device_array(np.ones(4)), comm=fresh)  # sets it up: every rank takes part
+    outcome = "stayed away"
+    if fresh.rank != fresh.size - 1:
+        try:
+            ringtree.allreduce(device_array(np.ones(4096)), comm=fresh, algorithm="ring", timeout=1.0)
+            outcome = "done"
+        except ringtree.TimeoutError as error:
+            outcome = "timeout" if "ringtree allreduce" in str(error) else f"timeout saying {error}"
+    outcomes = fresh.allgather(outcome)
+    assert_everywhere(fresh, [] if "timeout" in outcomes and set(outcomes) <= {"timeout", "stayed away", "done"}
+                      else [outcomes])
