@@ -37,6 +37,16 @@ def assert_everywhere(comm, failures):
     assert not bad, "failures by rank: " + "; ".join(f"rank {r}: {f}" for r, f in bad.items())
 
 
+def ipc_failures(ipc, peers) -> list[str]:
+    """What is wrong with a communicator's IPC transport `ipc` (runtime/ipc.py, or None), which should
+    reach exactly `peers` and, where it reaches any, have carried messages."""
+    if (sorted(ipc.peers) if ipc else []) != sorted(peers):
+        return [f"IPC peers {ipc and sorted(ipc.peers)}, expected {sorted(peers)}"]
+    if ipc and not ipc.stats["headers"]:
+        return ["no message went by IPC"]
+    return []
+
+
 def value_bits(array):
     """The bytes of `array` that hold its values. x86 long double keeps 10 bytes of value in 16,
     and the padding is whatever the memory held: a store of each value into zeroed memory

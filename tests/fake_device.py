@@ -130,7 +130,6 @@ class SharedMemoryLayer:
 
     def __init__(self) -> None:
         self.attached: dict[str, shared_memory.SharedMemory] = {}
-        self.stats = {"opened": 0, "closed": 0}
 
     def allocation(self, array) -> tuple[Allocation, int]:
         a = arena()
@@ -153,11 +152,10 @@ class SharedMemoryLayer:
         if memory is None:
             memory = self.attached[name] = shared_memory.SharedMemory(name=name)
             resource_tracker.unregister(memory._name, "shared_memory")  # its creator unlinks it
-        self.stats["opened"] += 1
         return np.ndarray(size, np.uint8, buffer=memory.buf, offset=offset).view(DeviceArray)
 
     def close(self, mapped) -> None:
-        self.stats["closed"] += 1
+        """Nothing to undo: the arena stays attached for the next mapping of it."""
 
 
 class FakeDevice(NumpyBackend):

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from test_collectives import failures_on
 
 import ringtree
-from conftest import assert_everywhere, same_on_all_ranks
+from conftest import assert_everywhere, ipc_failures, same_on_all_ranks
 from ringtree import settings
 from ringtree.algorithms import ALGORITHMS, GENERATORS
 from ringtree.runtime.state import comm_state
@@ -22,8 +22,13 @@ LAYOUT = os.environ.get("CLUSTER_LAYOUT")
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(LAYOUT is None, reason="runs under scripts/cluster only")]
 
 
+def placed() -> Topology:
+    """The node map scripts/cluster made."""
+    return Topology.placed(list(Topology.parse(LAYOUT).ranks_per_node), os.environ["CLUSTER_PLACEMENT"])
+
+
 def test_ringtree_learns_which_ranks_share_a_host(comm):
-    expected = Topology.placed([int(size) for size in LAYOUT.split(",")], os.environ["CLUSTER_PLACEMENT"])
+    expected = placed()
     topology = comm_state(comm).topology
     assert topology == expected, f"rank {comm.rank}: learned {topology}, expected {expected}"
     assert topology.crossings(list(topology.node_order)) == (topology.nodes if topology.nodes > 1 else 0)
@@ -83,16 +88,12 @@ def test_every_other_collective_gives_mpi_s_result_across_hosts(comm, name, algo
 def test_device_arrays_go_by_ipc_to_ranks_of_the_same_host_and_staged_to_the_others(comm):
     from test_ipc import CASES, allreduce_failures, transport  # registers the fake device
 
-    node = Topology.placed([int(size) for size in LAYOUT.split(",")], os.environ["CLUSTER_PLACEMENT"]).node_of
+    node = placed().node_of
     mine = comm.Dup()
     try:
         failures = [f for algorithm in ("ring", "hierarchical", "auto") for f in allreduce_failures(mine, algorithm, CASES)]
-        expected = sorted(r for r in range(comm.size) if r != comm.rank and node[r] == node[comm.rank])
-        ipc = transport(mine)
-        if (sorted(ipc.peers) if ipc else []) != expected:
-            failures.append(f"IPC peers {ipc and sorted(ipc.peers)}, expected {expected}")
-        elif ipc and not ipc.stats["headers"]:
-            failures.append("no message went by IPC")
+        same_host = [r for r in range(comm.size) if r != comm.rank and node[r] == node[comm.rank]]
+        failures += ipc_failures(transport(mine), same_host)
     finally:
         mine.Free()
     assert_everywhere(comm, failures)

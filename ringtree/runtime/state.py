@@ -88,7 +88,6 @@ class CommState:
         # RINGTREE_TOPOLOGY=flat.
         self.hosts = _topology(self.comm)
         self.topology = self.hosts if current.topology == "nodes" else Topology.flat(self.size)
-
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
         self.cycle, self.codes, self.mask = self.layout.calls, self.layout.codes, self.layout.codes - 1
         self.calls = 0

@@ -12,6 +12,8 @@ peer's transport once per communicator.
 
 from __future__ import annotations
 
+import logging
+
 from .. import settings
 from ..debug import log
 from .ipc import IpcTransport
@@ -34,7 +36,7 @@ def transport_for(state, backend) -> IpcTransport | None:
         node = state.hosts.node_of
         peers = frozenset(r for r in range(state.size) if r != state.rank and node[r] == node[state.rank])
         state.transports[layer] = IpcTransport(layer, state.comm, peers) if peers else None
-        if log.isEnabledFor(20):
+        if log.isEnabledFor(logging.INFO):
             beyond = "staged through host memory" if backend.staged else "MPI on device memory"
             log.info("%s transports on %s: %s", layer.name, state.name, ", ".join(
                 f"rank {r}: {'self' if r == state.rank else 'IPC' if r in peers else beyond}" for r in range(state.size)))
