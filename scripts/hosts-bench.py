@@ -10,8 +10,8 @@ run on a communicator whose ringtree state was made with RINGTREE_TOPOLOGY=flat,
 order gives without a topology, in the segments the node-aware ring gets. With --segments, every
 algorithm runs in each of those segment sizes and keeps its best. Each time is the median over
 repetitions of the slowest rank's time per call (commands/measure.py, time_in_turns); rank 0
-prints a Markdown table of MiB/s and of speed-ups against the fastest flat algorithm, and writes
-JSON with --json.
+prints a Markdown table of MiB/s and of speed-ups against the ring in rank order and the fastest
+flat algorithm, and writes JSON with --json.
 """
 
 from __future__ import annotations
@@ -72,17 +72,11 @@ def main() -> None:
                 results[nbytes][name], segments[nbytes][name] = seconds, segment
     if world.Get_rank() != 0:
         return
-    names = list(next(iter(results.values())))
-    print(f"{world.Get_size()} ranks, {topology}; MiB/s (bytes / time), and speed-up against the fastest flat "
-          f"algorithm ({', '.join(FLAT)})" + (f"; each algorithm's best of segments {args.segments}, "
-                                              f"which follow the table" if args.segments else "") + "\n")
-    print("| size | " + " | ".join(names) + " | hierarchical / best flat | auto / best flat |")
-    print("|---:|" + "---:|" * (len(names) + 2))
-    for nbytes, times in results.items():
-        best = min(times[name] for name in FLAT)
-        cells = [f"{nbytes / times[name] / 2**20:.0f}" for name in names]
-        print(f"| {format_size(nbytes)} | " + " | ".join(cells)
-              + f" | {best / times['hierarchical']:.2f} | {best / times['auto']:.2f} |")
+    print(f"{world.Get_size()} ranks, {topology}; MiB/s (bytes / time), and speed-ups against the ring in rank "
+          f"order and the fastest flat algorithm ({', '.join(FLAT)})"
+          + (f"; each algorithm's best of segments {args.segments}, which follow the table" if args.segments else "")
+          + "\n")
+    print(table(results))
     if args.segments:
         print("\nbest segment sizes: " + "; ".join(
             f"{format_size(n)}: " + ", ".join(f"{name} {s}" for name, s in by.items() if s) for n, by in segments.items()))
@@ -92,6 +86,20 @@ def main() -> None:
                        "network": os.environ.get("CLUSTER_NETWORK", "not scripts/cluster"),
                        "segments": {str(n): by for n, by in segments.items()},
                        "iters": args.iters, "seconds": {str(n): t for n, t in results.items()}}, f, indent=1)
+
+
+def table(results: dict) -> str:
+    """A Markdown table of MiB/s per size and call, and the hierarchical allreduce's and `auto`'s
+    speed-ups: `results` maps bytes to {call: seconds}."""
+    names = list(next(iter(results.values())))
+    lines = ["| size | " + " | ".join(names) + " | hierarchical / ring, rank order | hierarchical / best flat | "
+             "auto / best flat |", "|---:|" + "---:|" * (len(names) + 3)]
+    for nbytes, times in results.items():
+        best = min(times[name] for name in FLAT)
+        cells = [f"{nbytes / times[name] / 2**20:.0f}" for name in names]
+        ratios = [times["ring, rank order"] / times["hierarchical"], best / times["hierarchical"], best / times["auto"]]
+        lines.append(f"| {format_size(nbytes)} | " + " | ".join(cells + [f"{r:.2f}" for r in ratios]) + " |")
+    return "\n".join(lines)
 
 
 def calls_of(nodes, flat, nbytes: int, topology, segments) -> dict:

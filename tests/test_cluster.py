@@ -56,6 +56,18 @@ def test_ranks_run_on_the_hosts_of_the_layout_and_the_command_s_status_comes_bac
     assert done.returncode == 3
 
 
+
+@pytest.mark.parametrize("chosen,seen", [(None, "1"), ("0", "0")])
+def test_ranks_send_large_messages_by_rma_write_unless_the_caller_chose(chosen, seen):
+    env = {k: v for k, v in ENV.items() if k != "FI_OFI_RXM_USE_RNDV_WRITE"}
+    if chosen is not None:
+        env["FI_OFI_RXM_USE_RNDV_WRITE"] = chosen
+    script = "import os; os.write(1, ('write ' + os.environ['FI_OFI_RXM_USE_RNDV_WRITE'] + '\\n').encode())"
+    done = subprocess.run([sys.executable, str(CLUSTER), "--layout", "1,1", "--", sys.executable, "-c", script],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split("\n").count(f"write {seen}") == 2, done.stderr
+
+
 @root
 def test_namespaces_with_capped_links_carry_messages_and_are_gone_afterwards():
     script = ("from mpi4py import MPI; import numpy as np, os; c = MPI.COMM_WORLD; a = np.ones(1 << 20); "
