@@ -11,11 +11,23 @@ from mpi4py import MPI
 import ringtree
 from conftest import assert_everywhere, run_mpiexec, same_on_all_ranks
 from ringtree import settings
+from ringtree.algorithms import ALGORITHMS
 from ringtree.runtime import native
 from ringtree.runtime.state import comm_state
 from ringtree.tuning import cache
 from ringtree.tuning.model import Params
-from ringtree.tuning.online import MAX_SCHEDULES, NATIVE, Key, Option, Tuner, key_of, options_for, trials
+from ringtree.tuning.online import (
+    MAX_SCHEDULES,
+    NATIVE,
+    SEGMENTS_ACROSS_NODES,
+    UNSPLIT_MAX_BYTES,
+    Key,
+    Option,
+    Tuner,
+    key_of,
+    options_for,
+    trials,
+)
 
 PARAMS = Params(alpha=1e-5, beta=3e-10, gamma=2e-10)
 
@@ -30,6 +42,19 @@ def test_the_candidates_are_the_same_for_every_call_of_a_key_and_native_comes_la
     assert 1 <= len(without) <= MAX_SCHEDULES and len(set(without)) == len(without)
     assert all(option.segment < 1 << nbytes.bit_length() for option in without)  # a call applies it if larger
 
+
+
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20, 64 << 20])
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_on_several_nodes_every_algorithm_is_tried_and_the_hierarchical_allreduce_in_each_segment_size(nbytes, nodes):
+    options = options_for(key_of(nbytes, False, 4, False), 4, PARAMS, nodes)
+    largest = (1 << nbytes.bit_length()) - 1
+    splits = [0] * (largest <= UNSPLIT_MAX_BYTES) + [s for s in SEGMENTS_ACROSS_NODES if s < largest]
+    hierarchical = [option.segment for option in options if option.algorithm == "hierarchical"]
+    others = [option for option in options if option.algorithm != "hierarchical"]
+    assert options[0].algorithm == "hierarchical" and hierarchical == splits
+    assert sorted(option.algorithm for option in others) == sorted(set(ALGORITHMS) - {"hierarchical"})
+    assert {option.segment for option in others} == {256 << 10 if largest > 256 << 10 else 0}
 
 def _tuner(committed=None, explore=True):
     commits = []

@@ -37,7 +37,7 @@ TRIALS_SMALL = 7
 SMALL_CLASS = 20  # size classes up to this one (messages under 1 MiB) take TRIALS_SMALL
 # Candidates the cost model predicts slower than this times its best are not tried.
 PRUNE_WITHIN = 3.0
-MAX_SCHEDULES = 8  # algorithm and segment pairs tried per key, native aside
+MAX_SCHEDULES = 8  # algorithm and segment pairs tried per key on one node, native aside
 # Segment sizes tried, beside unsplit, for messages larger than them; on several nodes also smaller
 # ones, which pipeline messages through the nodes' links (docs/performance.md, across hosts).
 SEGMENTS = (1 << 20, 4 << 20)
@@ -74,22 +74,27 @@ def key_of(nbytes: int, in_place: bool, itemsize: int, native: bool) -> Key:
 
 
 def options_for(key: Key, nranks: int, params: Params, nodes: int = 1) -> list[Option]:
-    """The candidates of a key, in an order every rank computes alike: the algorithms the model does
-    not rule out, fastest predicted first, each unsplit and with each segment size smaller than the
-    message, at most MAX_SCHEDULES in all; then native, where allowed. On several nodes the
-    hierarchical allreduce comes first (the model does not tell nodes apart); on one it is left
-    out (it is then a ring's two halves)."""
+    """The candidates of a key, in an order every rank computes alike; then native, where allowed.
+    On one node: the algorithms the model does not rule out, fastest predicted first, each unsplit
+    and with each segment size smaller than the message, at most MAX_SCHEDULES (the hierarchical
+    allreduce left out: there it is a ring's two halves). On several nodes, where the model, which
+    does not tell nodes apart, rules nothing out: the hierarchical allreduce in each segment size,
+    then every other algorithm in the first (which crossing edges a layout gives each decides)."""
     nbytes = (1 << key.size_class) - 1  # the class's largest message
     segments = SEGMENTS_ACROSS_NODES if nodes > 1 else SEGMENTS
     splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in segments if s < nbytes]
-    # Unsplit: the model counts a segment's messages but not the overlap it buys, so it would rule out
-    # every split; an algorithm's unsplit time stands for its splits.
     names = [name for name in ALGORITHMS if name != HIERARCHICAL]
     predicted = {name: predict(name, nranks, nbytes, params) for name in names}
-    best = min(predicted.values())
-    kept = sorted((name for name in names if predicted[name] <= PRUNE_WITHIN * best), key=predicted.get)
-    kept = [HIERARCHICAL] * (nodes > 1) + kept
-    options = [Option(name, segment) for name in kept for segment in splits][:MAX_SCHEDULES]
+    if nodes > 1:
+        first = splits[1] if len(splits) > 1 and splits[0] == 0 else splits[0]  # pipelined through the links
+        others = sorted(names, key=predicted.get)
+        options = [Option(HIERARCHICAL, segment) for segment in splits] + [Option(name, first) for name in others]
+    else:
+        # Unsplit: the model counts a segment's messages but not the overlap it buys, so it would rule
+        # out every split; an algorithm's unsplit time stands for its splits.
+        best = min(predicted.values())
+        kept = sorted((name for name in names if predicted[name] <= PRUNE_WITHIN * best), key=predicted.get)
+        options = [Option(name, segment) for name in kept for segment in splits][:MAX_SCHEDULES]
     return options + ([Option(NATIVE, 0)] if key.native else [])
 
 
