@@ -116,9 +116,8 @@ def measured_section(paths: list[str], times, ranks) -> str:
             "same K each way over the one link, and from 64 KiB neither is ahead by more than this VM's noise; "
             "on 2 hosts of 2 in block placement only one edge of the tree crosses between the hosts, so the tree "
             "carries K over the link each way where the ring carries 1.5K, and the tree is faster at every size "
-            "measured. With more "
-            "hosts, or ranks interleaved, the tree's root sends its whole message once per child again and the "
-            "ring wins at large sizes, as the article says"
+            "measured. With more hosts, or ranks interleaved, the tree's root sends its whole message once per "
+            "child again and the ring wins at large sizes, as the article says"
             + (f" (up to {max(capped_16m):.2f}× at 16 MiB with capped links)" if capped_16m else "") + ". "
             "On capped links messages up to the token bucket's 128 KB cross at the veth's speed, which favours "
             "the tree's few whole messages below 1 MiB.", ""]

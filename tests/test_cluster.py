@@ -56,7 +56,6 @@ def test_ranks_run_on_the_hosts_of_the_layout_and_the_command_s_status_comes_bac
     assert done.returncode == 3
 
 
-
 @pytest.mark.parametrize("chosen,seen", [(None, "1"), ("0", "0")])
 def test_ranks_send_large_messages_by_rma_write_unless_the_caller_chose(chosen, seen):
     env = {k: v for k, v in ENV.items() if k != "FI_OFI_RXM_USE_RNDV_WRITE"}

@@ -43,7 +43,6 @@ def test_the_candidates_are_the_same_for_every_call_of_a_key_and_native_comes_la
     assert all(option.segment < 1 << nbytes.bit_length() for option in without)  # a call applies it if larger
 
 
-
 @pytest.mark.parametrize("nbytes", [4096, 1 << 20, 64 << 20])
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_on_several_nodes_every_algorithm_is_tried_and_the_hierarchical_allreduce_in_each_segment_size(nbytes, nodes):
