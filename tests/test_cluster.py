@@ -18,8 +18,8 @@ ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX
 root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 
-def cluster(*args, timeout=120):
-    return subprocess.run([sys.executable, str(CLUSTER), *args], env=ENV, capture_output=True, text=True,
+def cluster(*args, timeout=120, env=ENV):
+    return subprocess.run([sys.executable, str(CLUSTER), *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -62,8 +62,7 @@ def test_ranks_send_large_messages_by_rma_write_unless_the_caller_chose(chosen, 
     if chosen is not None:
         env["FI_OFI_RXM_USE_RNDV_WRITE"] = chosen
     script = "import os; os.write(1, ('write ' + os.environ['FI_OFI_RXM_USE_RNDV_WRITE'] + '\\n').encode())"
-    done = subprocess.run([sys.executable, str(CLUSTER), "--layout", "1,1", "--", sys.executable, "-c", script],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = cluster("--layout", "1,1", "--", sys.executable, "-c", script, env=env)
     assert done.returncode == 0 and done.stdout.split("\n").count(f"write {seen}") == 2, done.stderr
 
 

@@ -86,7 +86,7 @@ def options_for(key: Key, nranks: int, params: Params, nodes: int = 1) -> list[O
     names = [name for name in ALGORITHMS if name != HIERARCHICAL]
     predicted = {name: predict(name, nranks, nbytes, params) for name in names}
     if nodes > 1:
-        first = splits[1] if len(splits) > 1 and splits[0] == 0 else splits[0]  # pipelined through the links
+        first = next((segment for segment in splits if segment), 0)  # pipelined through the links where it can be
         others = sorted(names, key=predicted.get)
         options = [Option(HIERARCHICAL, segment) for segment in splits] + [Option(name, first) for name in others]
     else:
