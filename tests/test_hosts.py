@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from test_collectives import failures_on
+from test_pipeline import receives_ahead
 
 import ringtree
 from conftest import assert_everywhere, ipc_failures, same_on_all_ranks
@@ -83,6 +84,23 @@ def test_every_other_collective_gives_mpi_s_result_across_hosts(comm, name, algo
     if algorithm == "auto" and segment:
         pytest.skip("auto chooses its own segments")
     assert_everywhere(comm, failures_on(comm, name, algorithm, segment, np.array, np.asarray))
+
+
+def test_the_hierarchical_allreduce_posts_receives_ahead_across_hosts_and_the_ring_does_not(comm):
+    mine = comm.Dup()
+    try:
+        x = np.ones(comm.size * 4096, np.float32)
+        lags = {}
+        for algorithm in ("hierarchical", "ring"):
+            ringtree.allreduce(x, comm=mine, algorithm=algorithm, segment=4096)
+            plan = next(plan for key, plan in comm_state(mine).plans.items() if algorithm in key)
+            lags[algorithm] = receives_ahead(plan.compiled.schedule)
+    finally:
+        mine.Free()
+    # a rank alone on its node may have no channel whose receives wait for reads of its own
+    ahead_somewhere = comm.allreduce(max(lags["hierarchical"], default=0), MPI.MAX) > 1
+    fine = ahead_somewhere and 1 not in lags["hierarchical"] and lags["ring"] <= {1}
+    assert_everywhere(comm, [] if fine else [f"receives into scratch a window ahead or not, as lags: {lags}"])
 
 
 def test_device_arrays_go_by_ipc_to_ranks_of_the_same_host_and_staged_to_the_others(comm):

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from ringtree.algorithms import ALGORITHMS
 from ringtree.schedule import INPUT, OUTPUT, OpKind
+from ringtree.schedule.lower import Shape, lower
 from ringtree.schedule.pipeline import SLOTS, segmented
+from ringtree.schedule.topology import Topology
 from ringtree.sim.verify import allreduce_schedules, verify_schedules
 
 
@@ -37,10 +39,10 @@ def _joined(pieces):
 
 @settings(max_examples=80, deadline=None)
 @given(algorithm=st.sampled_from(sorted(ALGORITHMS)), nranks=st.integers(1, 9), count=st.integers(0, 200),
-       segment=st.integers(1, 64), window=st.integers(1, 5))
-def test_segmenting_keeps_the_collective_and_bounds_scratch(algorithm, nranks, count, segment, window):
+       segment=st.integers(1, 64), window=st.integers(1, 5), ahead=st.booleans())
+def test_segmenting_keeps_the_collective_and_bounds_scratch(algorithm, nranks, count, segment, window, ahead):
     plain = allreduce_schedules(algorithm, nranks, count)
-    split = [segmented(s, segment, window) for s in plain]
+    split = [segmented(s, segment, window, ahead) for s in plain]
     verify_schedules(split, stepwise=False)  # still an allreduce, and the engine cannot deadlock on it
     for before, after in zip(plain, split):
         # every op becomes ceil(c / segment) pieces of at most `segment` elements
@@ -80,6 +82,29 @@ def test_a_piece_of_a_reduction_waits_only_for_its_own_piece_of_the_receive(algo
                 received = [after.ops[d] for d in op.deps if after.ops[d].kind is OpKind.RECV]
                 assert all(r.dst.count == op.dst.count for r in received)
                 assert all(r.dst in op.srcs for r in received), f"rank {s.rank} op {i} waits for other pieces"
+
+
+def receives_ahead(schedule):
+    """For each receive into scratch that waits for a reduction of data received on its own channel:
+    how many receives on that channel before it the data came."""
+    ops, seen, lags = schedule.ops, {}, set()
+    for i, op in enumerate(ops):
+        if op.kind is OpKind.RECV and op.dst.buffer == SLOTS:
+            channel = seen.setdefault(op.peer, [])
+            for d in (d for d in op.deps if ops[d].kind is OpKind.REDUCE):
+                lags.update(len(channel) - channel.index(r) for r in ops[d].deps if r in channel)
+            channel.append(i)
+    return lags
+
+
+def test_the_hierarchical_allreduce_posts_receives_ahead_where_ranks_of_a_node_share_its_link():
+    def lags(algorithm, layout):
+        topology = Topology.placed(layout) if len(layout) > 1 else None
+        return receives_ahead(lower(Shape(algorithm, sum(layout), 0, 64, segment=4, window=4, topology=topology)).schedule)
+
+    assert lags("hierarchical", [2, 2]) == {2}  # a window of 4: two slots for each of its two channels
+    assert lags("hierarchical", [4]) == {1}  # one node
+    assert lags("ring", [2, 2]) == lags("ring", [4]) == {1}
 
 
 def test_segmenting_rejects_nonsense():

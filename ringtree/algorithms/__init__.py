@@ -33,6 +33,11 @@ ALGORITHMS = {
 # allreduce's generators that take a topology: the ring goes round the ranks node by node, the
 # hierarchical allreduce is built of nodes
 NODE_AWARE = {"ring", "hierarchical"}
+# allreduce's generators whose segmented schedules, where several ranks of a node cross at once and so
+# share its link, post receives ahead (schedule/pipeline.py): one receive at a time on a channel leaves
+# the link idle while TCP favours another rank's. Where one channel has a link to itself, receives
+# posted ahead share it and each arrives later (docs/design.md, "Pipelining").
+RECEIVES_AHEAD = {"hierarchical"}
 
 GENERATORS = {
     "allreduce": {name: (lambda generator: lambda nranks, rank, count, collective, **topology:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..algorithms import GENERATORS, NODE_AWARE
+from ..algorithms import GENERATORS, NODE_AWARE, RECEIVES_AHEAD
 from .ir import ALLREDUCE, Collective, Schedule
 from .order import steps
 from .pipeline import segmented
@@ -54,7 +54,8 @@ def lower(shape: Shape) -> Program:
     schedule = generators[shape.algorithm](shape.nranks, shape.rank, shape.count, shape.collective,
                                            **({"topology": shape.topology} if node_aware else {}))
     if shape.segment:
-        schedule = segmented(schedule, shape.segment, shape.window)
+        shared_links = node_aware and shape.topology.nodes > 1 and max(shape.topology.ranks_per_node) > 1
+        schedule = segmented(schedule, shape.segment, shape.window, ahead=shared_links and shape.algorithm in RECEIVES_AHEAD)
     if shape.staged:
         schedule = staged(schedule, shape.window, shape.ipc_peers)
     return Program(schedule, steps(schedule) if shape.stepwise else None)

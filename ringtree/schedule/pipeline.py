@@ -15,7 +15,8 @@ Scratch memory (but for buffers named ir.KEPT) shrinks to `window` segment-sized
 written to scratch takes a free slot, and a write into a slot waits until the
 slot's previous contents have been read. At most `window` pieces are in
 scratch at once, and scratch is segment × window elements whatever the
-message size.
+message size. Which free slot a write takes decides how far receives run ahead
+of the reductions that read them: `ahead` lets them (lower.py says where).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from .order import dataflow
 SLOTS = "slots"
 
 
-def segmented(schedule: Schedule, segment: int, window: int = 4) -> Schedule:
+def segmented(schedule: Schedule, segment: int, window: int = 4, ahead: bool = False) -> Schedule:
+    """`ahead`: a write takes the least recently freed slot, not the most recently freed (_Slots)."""
     if segment < 1 or window < 1:
         raise ValueError(f"segment ({segment}) and window ({window}) must be positive")
     pieces, priorities = _split(schedule, segment)
-    order, slot_of = _pipeline_order(schedule, pieces, priorities, window)
+    order, slot_of = _pipeline_order(schedule, pieces, priorities, window, ahead)
 
     b = ScheduleBuilder.like(schedule)
     for name, size in schedule.scratch:
@@ -71,7 +73,7 @@ def _split(schedule: Schedule, segment: int) -> tuple[list[Op], list[tuple[bool,
 
 
 def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple[bool, int, int]],
-                    window: int) -> tuple[list[int], dict[tuple[int, Ref], int]]:
+                    window: int, ahead: bool) -> tuple[list[int], dict[tuple[int, Ref], int]]:
     """A sequential order of the pieces (a topological sort by priority) that runs segment by
     segment where dependencies allow and frees each scratch slot as soon as it can; and the slot
     each piece's scratch regions are in, keyed by (piece, region)."""
@@ -82,7 +84,7 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
         b.add(piece)
     graph = b.build()
     flow = dataflow(graph)
-    slots = _Slots(schedule.rank, window, pieces, graph, flow)
+    slots = _Slots(schedule.rank, window, pieces, graph, flow, ahead)
     pending = list(flow.initial_pending)
     ready = [(priorities[i], i) for i, p in enumerate(pending) if p == 0]
     heapq.heapify(ready)
@@ -113,11 +115,12 @@ class _Slots:
     order can never hold every slot while the earliest one waits for their readers. A slot is free
     again once every piece that reads its data has been listed. A reduction into scratch data
     keeps its slot. The most recently freed slot is taken first, so that a receive into it follows
-    the read of its last contents (docs/design.md, "Pipelining").
+    the read of its last contents; with `ahead`, the least recently freed, so that a channel's
+    receives are posted before the ones ahead of them are read (docs/design.md, "Pipelining").
     """
 
-    def __init__(self, rank: int, window: int, pieces: list[Op], graph: Schedule, flow) -> None:
-        self.rank, self.pieces, self.graph = rank, pieces, graph
+    def __init__(self, rank: int, window: int, pieces: list[Op], graph: Schedule, flow, ahead: bool) -> None:
+        self.rank, self.pieces, self.graph, self.ahead = rank, pieces, graph, ahead
         self.readers = [[j for j in flow.dependents[i] if piece.dst in pieces[j].srcs]
                         if piece.dst is not None and _is_scratch(piece.dst) else [] for i, piece in enumerate(pieces)]
         self.unread: dict[int, int] = {}  # scratch-writing piece -> readers not yet listed
@@ -156,14 +159,21 @@ class _Slots:
                 self.slot_of[(i, ref)] = self.slot_of[(w, ref)]
                 self.unread[w] -= 1
                 if self.unread[w] == 0 and not (accumulates and ref == piece.dst):
-                    self.free.append(self.slot_of[(w, ref)])
+                    self._release(self.slot_of[(w, ref)])
                     self._wake(ready)
         if writes_scratch:
             if not accumulates:
                 self.slot_of[(i, piece.dst)] = self.free.pop()
             self.unread[i] = len(self.readers[i])
             if not self.readers[i]:
-                self.free.append(self.slot_of[(i, piece.dst)])
+                self._release(self.slot_of[(i, piece.dst)])
+
+    def _release(self, slot: int) -> None:
+        """Free `slot`: `free` is taken from its end."""
+        if self.ahead:
+            self.free.insert(0, slot)
+        else:
+            self.free.append(slot)
 
     def _wake(self, ready: list) -> None:
         for item in self.waiting:
