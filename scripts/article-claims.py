@@ -113,7 +113,7 @@ def measured_section(paths: list[str], times, ranks) -> str:
     out += ["", "The simulated crossover is this machine's, on one host. Across hosts the ring overtakes the tree "
             "later where it does, and it need not at all: the article's argument is about bytes per rank, but "
             "across hosts what counts is the bytes on each host's link. On 2 hosts of 1 rank the two send the "
-            "same K each way over the one link, and from 64 KiB neither is ahead by more than this VM's noise; "
+            "same K each way over the one link, and on capped links from 64 KiB neither is ahead by more than this VM's noise; "
             "on 2 hosts of 2 in block placement only one edge of the tree crosses between the hosts, so the tree "
             "carries K over the link each way where the ring carries 1.5K, and the tree is faster at every size "
             "measured. With more hosts, or ranks interleaved, the tree's root sends its whole message once per "
