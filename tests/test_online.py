@@ -55,6 +55,7 @@ def test_on_several_nodes_every_algorithm_is_tried_and_the_hierarchical_allreduc
     assert sorted(option.algorithm for option in others) == sorted(set(ALGORITHMS) - {"hierarchical"})
     assert {option.segment for option in others} == {256 << 10 if largest > 256 << 10 else 0}
 
+
 def _tuner(committed=None, explore=True):
     commits = []
     return Tuner(2, PARAMS, committed or {}, explore, lambda key, option: commits.append((key, option))), commits
