@@ -57,21 +57,28 @@ def test_ranks_run_on_the_hosts_of_the_layout_and_the_command_s_status_comes_bac
 
 
 @pytest.mark.parametrize("chosen,seen", [(None, "1"), ("0", "0")])
-def test_ranks_send_large_messages_by_rma_write_unless_the_caller_chose(chosen, seen):
+def test_ranks_send_large_messages_by_rma_write_unless_the_caller_chose_and_by_rendezvous_uncapped(chosen, seen):
     env = {k: v for k, v in ENV.items() if k != "FI_OFI_RXM_USE_RNDV_WRITE"}
     if chosen is not None:
         env["FI_OFI_RXM_USE_RNDV_WRITE"] = chosen
-    script = "import os; os.write(1, ('write ' + os.environ['FI_OFI_RXM_USE_RNDV_WRITE'] + '\\n').encode())"
+    script = ("import os; os.write(1, ('write ' + os.environ['FI_OFI_RXM_USE_RNDV_WRITE'] + ', sar limit '"
+              " + os.environ.get('FI_OFI_RXM_SAR_LIMIT', 'the default') + '\\n').encode())")
     done = cluster("--layout", "1,1", "--", sys.executable, "-c", script, env=env)
-    assert done.returncode == 0 and done.stdout.split("\n").count(f"write {seen}") == 2, done.stderr
+    said = f"write {seen}, sar limit " + os.environ.get("FI_OFI_RXM_SAR_LIMIT", "the default")  # no cap, no change
+    assert done.returncode == 0 and done.stdout.split("\n").count(said) == 2, done.stderr
 
 
 @root
-def test_namespaces_with_capped_links_carry_messages_and_are_gone_afterwards():
+@pytest.mark.parametrize("chosen,seen", [(None, str(64 << 20)), ("131072", "131072")])
+def test_namespaces_with_capped_links_carry_messages_without_rendezvous_and_are_gone_afterwards(chosen, seen):
+    env = {k: v for k, v in ENV.items() if k != "FI_OFI_RXM_SAR_LIMIT"}
+    if chosen is not None:
+        env["FI_OFI_RXM_SAR_LIMIT"] = chosen
     script = ("from mpi4py import MPI; import numpy as np, os; c = MPI.COMM_WORLD; a = np.ones(1 << 20); "
-              "c.Allreduce(MPI.IN_PLACE, a); assert a[0] == c.size; os.write(1, f'sum {a[0]}\\n'.encode())")
-    done = cluster("--netns", "--link-rate", "1gbit", "--layout", "1,1", "--", sys.executable, "-c", script)
-    assert done.returncode == 0 and done.stdout.count("sum 2.0") == 2, done.stderr
+              "c.Allreduce(MPI.IN_PLACE, a); assert a[0] == c.size; "
+              "os.write(1, f'sum {a[0]}, sar limit {os.environ[\"FI_OFI_RXM_SAR_LIMIT\"]}\\n'.encode())")
+    done = cluster("--netns", "--link-rate", "1gbit", "--layout", "1,1", "--", sys.executable, "-c", script, env=env)
+    assert done.returncode == 0 and done.stdout.count(f"sum 2.0, sar limit {seen}\n") == 2, done.stderr
     assert ours() == []
 
 
