@@ -102,9 +102,23 @@ def test_the_hierarchical_allreduce_posts_receives_ahead_where_ranks_of_a_node_s
         topology = Topology.placed(layout) if len(layout) > 1 else None
         return receives_ahead(lower(Shape(algorithm, sum(layout), 0, 64, segment=4, window=4, topology=topology)).schedule)
 
-    assert lags("hierarchical", [2, 2]) == {2}  # a window of 4: two slots for each of its two channels
+    assert lags("hierarchical", [2, 2]) == {4}  # a window of 4 for each of its two channels (pools of their own)
     assert lags("hierarchical", [4]) == {1}  # one node
     assert lags("ring", [2, 2]) == lags("ring", [4]) == {1}
+
+
+def test_each_pool_of_scratch_has_a_window_of_slots_of_its_own():
+    # The hierarchical allreduce's receives across nodes wait on other nodes: in slots shared with
+    # the ring in the node they could hold every slot that ring needs to feed the other nodes.
+    topology, segment, window = Topology.placed([2, 2]), 4, 3
+    for rank in range(topology.nranks):
+        schedule = lower(Shape("hierarchical", topology.nranks, rank, 96, segment, window, topology=topology)).schedule
+        assert schedule.scratch == ((SLOTS, segment * window * 2),)
+        slots = {True: set(), False: set()}  # of receives from other nodes, from this node
+        for op in schedule.ops:
+            if op.kind is OpKind.RECV and op.dst.buffer == SLOTS:
+                slots[topology.node_of[op.peer] != topology.node_of[rank]].add(op.dst.offset // segment)
+        assert len(slots[True]) == len(slots[False]) == window and not slots[True] & slots[False], (rank, slots)
 
 
 def test_segmenting_rejects_nonsense():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..schedule.ir import INPUT, KEPT, OUTPUT, Op, OpKind, Ref, Schedule, ScheduleBuilder, even_chunks
+from ..schedule.ir import INPUT, KEPT, OUTPUT, POOL, Op, OpKind, Ref, Schedule, ScheduleBuilder, even_chunks
 from ..schedule.topology import Topology
 from .recursive_doubling import recursive_doubling_allreduce
 from .ring import ring_allgather_half, ring_allreduce, ring_reduce_scatter_half
@@ -67,10 +67,12 @@ def hierarchical_allreduce(nranks: int, rank: int, count: int, topology: Topolog
             across.append((generator(len(owners), owners.index(rank), size), owners, offset))
 
     # Scratch: the ring's two receive slots in the node; the allreduces' across nodes, shared by the
-    # runs at the largest size any needs. Where some rank takes part in several runs, those are kept
-    # whole: pipelined runs of different owners sharing a window of slots could wait on each other.
+    # runs at the largest size any needs, in a pool of their own: pipelined, receives across that
+    # wait on other nodes would otherwise hold the slots the ring in the node needs to feed them.
+    # Where some rank takes part in several runs, those are kept whole: pipelined runs of different
+    # owners sharing a window of slots could wait on each other.
     incoming = b.scratch("incoming", 2 * max(owned)) if len(local) > 1 else None
-    prefix = KEPT + "across " if len(runs) > min(topology.ranks_per_node) else "across "
+    prefix = KEPT + "across" + POOL if len(runs) > min(topology.ranks_per_node) else "across" + POOL
     sizes: dict[str, int] = {}
     for inner, _, _ in across:
         for name, size in inner.scratch:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 INPUT = "input"
 OUTPUT = "output"
 KEPT = "kept "  # a scratch buffer so named keeps data for long (partial sums); segmenting leaves it whole
+POOL = "/"  # scratch named "pool/name": segmenting gives each pool a window of slots of its own
 
 
 class OpKind(IntEnum):

@@ -15,15 +15,18 @@ Scratch memory (but for buffers named ir.KEPT) shrinks to `window` segment-sized
 written to scratch takes a free slot, and a write into a slot waits until the
 slot's previous contents have been read. At most `window` pieces are in
 scratch at once, and scratch is segment × window elements whatever the
-message size. Which free slot a write takes decides how far receives run ahead
-of the reductions that read them: `ahead` lets them (lower.py says where).
+message size; a schedule whose scratch names pools (ir.POOL) gets a window per
+pool, so that pieces waiting on other ranks in one phase never hold the slots
+another phase needs to go on. Which free slot a write takes decides how far
+receives run ahead of the reductions that read them: `ahead` lets them
+(lower.py says where).
 """
 
 from __future__ import annotations
 
 import heapq
 
-from .ir import INPUT, KEPT, OUTPUT, Op, Ref, Schedule, ScheduleBuilder
+from .ir import INPUT, KEPT, OUTPUT, POOL, Op, Ref, Schedule, ScheduleBuilder
 from .order import dataflow
 
 SLOTS = "slots"
@@ -41,7 +44,8 @@ def segmented(schedule: Schedule, segment: int, window: int = 4, ahead: bool = F
         if name.startswith(KEPT):
             b.scratch(name, size)
     scratch_writes = [p.dst.count for p in pieces if p.dst is not None and _is_scratch(p.dst)]
-    slots = b.scratch(SLOTS, max(scratch_writes) * window).buffer if scratch_writes else None
+    pools = len(_pools(pieces))
+    slots = b.scratch(SLOTS, max(scratch_writes) * window * pools).buffer if scratch_writes else None
     size = max(scratch_writes, default=0)
     for i in order:
         piece = pieces[i]
@@ -117,21 +121,27 @@ class _Slots:
     keeps its slot. The most recently freed slot is taken first, so that a receive into it follows
     the read of its last contents; with `ahead`, the least recently freed, so that a channel's
     receives are posted before the ones ahead of them are read (docs/design.md, "Pipelining").
+    Each pool of scratch (ir.POOL) has slots of its own, `window` of them, and all of this holds
+    within each: pool k's are slots k·window to (k + 1)·window - 1.
     """
 
     def __init__(self, rank: int, window: int, pieces: list[Op], graph: Schedule, flow, ahead: bool) -> None:
-        self.rank, self.pieces, self.graph, self.ahead = rank, pieces, graph, ahead
+        self.rank, self.pieces, self.graph, self.window, self.ahead = rank, pieces, graph, window, ahead
         self.readers = [[j for j in flow.dependents[i] if piece.dst in pieces[j].srcs]
                         if piece.dst is not None and _is_scratch(piece.dst) else [] for i, piece in enumerate(pieces)]
         self.unread: dict[int, int] = {}  # scratch-writing piece -> readers not yet listed
         self.slot_of: dict[tuple[int, Ref], int] = {}
-        self.free = list(range(window - 1, -1, -1))
+        self.pool_of = {name: k for k, name in enumerate(_pools(pieces))}
+        self.free = [list(range((k + 1) * window - 1, k * window - 1, -1)) for k in range(len(self.pool_of))]
         self.waiting: list[tuple[tuple, int]] = []  # pieces that need a slot while none is theirs
-        # Pieces that need a slot, in the original order; needing[earliest] is the first not yet given one.
-        self.needing = [i for i, p in enumerate(pieces)
-                        if p.dst is not None and _is_scratch(p.dst) and p.dst not in p.srcs]
+        # Per pool, the pieces that need a slot, in the original order; needing[k][earliest[k]] is
+        # the first not yet given one.
+        self.needing: list[list[int]] = [[] for _ in self.pool_of]
+        for i, p in enumerate(pieces):
+            if p.dst is not None and _is_scratch(p.dst) and p.dst not in p.srcs:
+                self.needing[self._pool(p.dst)].append(i)
         self.given: set[int] = set()
-        self.earliest = 0
+        self.earliest = [0] * len(self.pool_of)
 
     def take(self, i: int, priority: tuple, ready: list) -> bool:
         """Give piece i a slot if it writes new data into scratch and may have one now; False (and
@@ -139,12 +149,14 @@ class _Slots:
         piece = self.pieces[i]
         if piece.dst is None or not _is_scratch(piece.dst) or piece.dst in piece.srcs:
             return True
-        if len(self.free) < (1 if self.needing[self.earliest] == i else 2):
+        k = self._pool(piece.dst)
+        needing = self.needing[k]
+        if len(self.free[k]) < (1 if needing[self.earliest[k]] == i else 2):
             self.waiting.append((priority, i))
             return False
         self.given.add(i)
-        while self.earliest < len(self.needing) and self.needing[self.earliest] in self.given:
-            self.earliest += 1
+        while self.earliest[k] < len(needing) and needing[self.earliest[k]] in self.given:
+            self.earliest[k] += 1
         self._wake(ready)  # the new earliest may be among them
         return True
 
@@ -163,17 +175,21 @@ class _Slots:
                     self._wake(ready)
         if writes_scratch:
             if not accumulates:
-                self.slot_of[(i, piece.dst)] = self.free.pop()
+                self.slot_of[(i, piece.dst)] = self.free[self._pool(piece.dst)].pop()
             self.unread[i] = len(self.readers[i])
             if not self.readers[i]:
                 self._release(self.slot_of[(i, piece.dst)])
 
+    def _pool(self, ref: Ref) -> int:
+        return self.pool_of[_pool_name(ref)]
+
     def _release(self, slot: int) -> None:
-        """Free `slot`: `free` is taken from its end."""
+        """Free `slot`: its pool's free slots are taken from the end."""
+        free = self.free[slot // self.window]
         if self.ahead:
-            self.free.insert(0, slot)
+            free.insert(0, slot)
         else:
-            self.free.append(slot)
+            free.append(slot)
 
     def _wake(self, ready: list) -> None:
         for item in self.waiting:
@@ -190,6 +206,15 @@ class _Slots:
 def _is_scratch(ref: Ref) -> bool:
     """Whether `ref` is in scratch that becomes slots (ir.KEPT buffers stay whole)."""
     return ref.buffer not in (INPUT, OUTPUT) and not ref.buffer.startswith(KEPT)
+
+
+def _pool_name(ref: Ref) -> str:
+    return ref.buffer.rpartition(POOL)[0]
+
+
+def _pools(pieces: list[Op]) -> list[str]:
+    """The pools of the scratch that becomes slots, in order of name ("": scratch named with none)."""
+    return sorted({_pool_name(p.dst) for p in pieces if p.dst is not None and _is_scratch(p.dst)})
 
 
 def _piece(ref: Ref, start: int, size: int) -> Ref:
