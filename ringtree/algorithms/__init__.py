@@ -34,9 +34,9 @@ ALGORITHMS = {
 # hierarchical allreduce is built of nodes
 NODE_AWARE = {"ring", "hierarchical"}
 # allreduce's generators whose segmented schedules, where several ranks of a node cross at once and so
-# share its link, post receives ahead (schedule/pipeline.py): one receive at a time on a channel leaves
-# the link idle while TCP favours another rank's. Where one channel has a link to itself, receives
-# posted ahead share it and each arrives later (docs/design.md, "Pipelining").
+# share its link, post receives ahead (schedule/pipeline.py): by rendezvous, one receive at a time on a
+# channel leaves the link idle while its go-ahead waits behind the data queued there. Where one channel
+# has a link to itself, receives posted ahead share it and each arrives later (docs/design.md, "Pipelining").
 RECEIVES_AHEAD = {"hierarchical"}
 
 GENERATORS = {

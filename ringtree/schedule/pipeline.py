@@ -37,15 +37,15 @@ def segmented(schedule: Schedule, segment: int, window: int = 4, ahead: bool = F
     if segment < 1 or window < 1:
         raise ValueError(f"segment ({segment}) and window ({window}) must be positive")
     pieces, priorities = _split(schedule, segment)
-    order, slot_of = _pipeline_order(schedule, pieces, priorities, window, ahead)
+    pools = _pools(pieces)
+    order, slot_of = _pipeline_order(schedule, pieces, priorities, window, pools, ahead)
 
     b = ScheduleBuilder.like(schedule)
     for name, size in schedule.scratch:
         if name.startswith(KEPT):
             b.scratch(name, size)
     scratch_writes = [p.dst.count for p in pieces if p.dst is not None and _is_scratch(p.dst)]
-    pools = len(_pools(pieces))
-    slots = b.scratch(SLOTS, max(scratch_writes) * window * pools).buffer if scratch_writes else None
+    slots = b.scratch(SLOTS, max(scratch_writes) * window * len(pools)).buffer if scratch_writes else None
     size = max(scratch_writes, default=0)
     for i in order:
         piece = pieces[i]
@@ -77,7 +77,7 @@ def _split(schedule: Schedule, segment: int) -> tuple[list[Op], list[tuple[bool,
 
 
 def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple[bool, int, int]],
-                    window: int, ahead: bool) -> tuple[list[int], dict[tuple[int, Ref], int]]:
+                    window: int, pools: list[str], ahead: bool) -> tuple[list[int], dict[tuple[int, Ref], int]]:
     """A sequential order of the pieces (a topological sort by priority) that runs segment by
     segment where dependencies allow and frees each scratch slot as soon as it can; and the slot
     each piece's scratch regions are in, keyed by (piece, region)."""
@@ -88,7 +88,7 @@ def _pipeline_order(schedule: Schedule, pieces: list[Op], priorities: list[tuple
         b.add(piece)
     graph = b.build()
     flow = dataflow(graph)
-    slots = _Slots(schedule.rank, window, pieces, graph, flow, ahead)
+    slots = _Slots(schedule.rank, window, pools, pieces, graph, flow, ahead)
     pending = list(flow.initial_pending)
     ready = [(priorities[i], i) for i, p in enumerate(pending) if p == 0]
     heapq.heapify(ready)
@@ -125,13 +125,14 @@ class _Slots:
     within each: pool k's are slots k·window to (k + 1)·window - 1.
     """
 
-    def __init__(self, rank: int, window: int, pieces: list[Op], graph: Schedule, flow, ahead: bool) -> None:
+    def __init__(self, rank: int, window: int, pools: list[str], pieces: list[Op], graph: Schedule, flow,
+                 ahead: bool) -> None:
         self.rank, self.pieces, self.graph, self.window, self.ahead = rank, pieces, graph, window, ahead
         self.readers = [[j for j in flow.dependents[i] if piece.dst in pieces[j].srcs]
                         if piece.dst is not None and _is_scratch(piece.dst) else [] for i, piece in enumerate(pieces)]
         self.unread: dict[int, int] = {}  # scratch-writing piece -> readers not yet listed
         self.slot_of: dict[tuple[int, Ref], int] = {}
-        self.pool_of = {name: k for k, name in enumerate(_pools(pieces))}
+        self.pool_of = {name: k for k, name in enumerate(pools)}
         self.free = [list(range((k + 1) * window - 1, k * window - 1, -1)) for k in range(len(self.pool_of))]
         self.waiting: list[tuple[tuple, int]] = []  # pieces that need a slot while none is theirs
         # Per pool, the pieces that need a slot, in the original order; needing[k][earliest[k]] is
