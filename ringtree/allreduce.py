@@ -26,7 +26,8 @@ from .runtime import reliability, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repeat_of, steps_runner
 from .runtime.backend import Backend, NumpyBackend, backend_for
 from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import IN_FLIGHT, LOCK, Execution
+from .runtime.engine import Execution
+from .runtime.in_flight import IN_FLIGHT, LOCK
 from .runtime.mismatch import Signature, Watch, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native, start_native
 from .runtime.one_caller import first_caller, intruded, one_caller

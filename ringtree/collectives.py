@@ -29,7 +29,8 @@ from .runtime import reliability, timeline
 from .runtime.again import AGAIN, steps_runner
 from .runtime.backend import NumpyBackend
 from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import IN_FLIGHT, LOCK, Execution
+from .runtime.engine import Execution
+from .runtime.in_flight import IN_FLIGHT, LOCK
 from .runtime.mismatch import Signature, signature
 from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_started
 from .runtime.one_caller import first_caller, one_caller

@@ -6,7 +6,7 @@ thread lock and without it, and native MPI, in one run.
 
 Each setting of RINGTREE_SIGNATURES gets a communicator of its own (the setting
 is read when ringtree sets a communicator up). "no lock" is the default with
-the engine's lock (engine.LOCK) swapped for one that does nothing, for its
+the engine's lock (in_flight.LOCK) swapped for one that does nothing, for its
 turns only: what the lock costs a single thread. With --threaded a second
 thread has called ringtree first, so calls take the paths of a program with
 several threads, and "no lock" swaps out the check that one thread at a time
@@ -33,10 +33,10 @@ from ringtree import settings
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.commands.arguments import format_size, parse_size
 from ringtree.commands.measure import time_in_turns
-from ringtree.runtime import engine, one_caller
+from ringtree.runtime import engine, in_flight, one_caller
 
 WARM_UP = 60  # calls per size and algorithm: past online tuning's trials
-LOCK, NO_LOCK = engine.LOCK, contextlib.nullcontext()
+LOCK, NO_LOCK = in_flight.LOCK, contextlib.nullcontext()
 ALLREDUCE_MODULE = sys.modules["ringtree.allreduce"]  # the package's ringtree.allreduce is the function
 
 
@@ -44,7 +44,7 @@ ENTER_CALL = one_caller.enter_call
 
 
 def locking(lock) -> None:
-    engine.LOCK = ALLREDUCE_MODULE.LOCK = lock  # the engine's uses, and allreduce's as it starts an execution
+    engine.LOCK = in_flight.LOCK = ALLREDUCE_MODULE.LOCK = lock  # the engine's uses, and allreduce's as it starts one
     one_caller.enter_call = ENTER_CALL if lock is LOCK else (lambda comm, second: None)
 
 

@@ -68,6 +68,13 @@ def test_ranks_send_large_messages_by_rma_write_unless_the_caller_chose_and_by_r
     assert done.returncode == 0 and done.stdout.split("\n").count(said) == 2, done.stderr
 
 
+@pytest.mark.parametrize("given,seen", [([], "tcp;ofi_rxm"), (["--provider", "tcp"], "tcp")])
+def test_ranks_talk_through_the_provider_given_by_default_tcp_over_ofi_rxm(given, seen):
+    script = "import os; os.write(1, ('provider ' + os.environ['FI_PROVIDER'] + '\\n').encode())"
+    done = cluster(*given, "--layout", "1,1", "--", sys.executable, "-c", script)
+    assert done.returncode == 0 and done.stdout.split("\n").count(f"provider {seen}") == 2, done.stderr
+
+
 @root
 @pytest.mark.parametrize("chosen,seen", [(None, str(64 << 20)), ("131072", "131072")])
 def test_namespaces_with_capped_links_carry_messages_without_rendezvous_and_are_gone_afterwards(chosen, seen):

@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import PeerFailure
-from .engine import IN_FLIGHT
+from .in_flight import IN_FLIGHT
 from .native import NativePlan, native_runner
 from .stalls import Call
 from .state import LAST

@@ -6,30 +6,26 @@ reductions and copies run after every message that is ready has been posted,
 so transfers are already under way while the array library computes. Messages
 to (and from) the same peer are posted in schedule order, which is what lets
 the schedule rely on MPI's non-overtaking rule. All collectives in flight share
-one list of requests, so waiting on any of them progresses every one.
+one list of requests (in_flight.py), so waiting on any of them progresses every one.
 
+Sends to a rank on another node are synchronous, and wait for a turn (remote_sends.py).
 Messages to IPC peers (ipc.py) are, like queued reductions, objects whose `done` moves them on.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from collections import deque
 
 from mpi4py import MPI
 
-from ..errors import MismatchError, PeerFailure
 from ..schedule import OpKind
-from . import reliability, timeline
+from . import timeline
 from .compiled import CompiledSchedule
-from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
-from .ipc import MessageError, WrongSize, ipc_message, mismatch
-from .mismatch import LOOK_EVERY, Signature, Watch
-from .stalls import slot
+from .in_flight import IN_FLIGHT, LOCK
+from .ipc import ipc_message
+from .mismatch import Signature
 
-__all__ = ["Execution", "InFlight", "IN_FLIGHT", "LOCK", "back_off", "progress_others"]
+__all__ = ["Execution"]
 
 BYTE = MPI.BYTE
 SEND, RECV = OpKind.SEND, OpKind.RECV
@@ -40,7 +36,7 @@ class Execution:
 
     __slots__ = ("compiled", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
                  "signature", "finish", "timeout", "pending", "remaining", "done", "computes", "failed", "transport",
-                 "ipc_peers", "channels", "exported")
+                 "ipc_peers", "channels", "exported", "remote", "peer_keys")
 
     def __init__(self, compiled: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
                  state, signature: Signature, finish, timeout: float | None = None, asynchronous: bool = False,
@@ -74,6 +70,7 @@ class Execution:
         self.ipc_peers = frozenset() if transport is None else transport.peers
         self.channels: dict = {}  # per IPC peer: its ipc.Channel
         self.exported: dict = {}  # for the IPC transport: each buffer's export, looked up once per call
+        self.remote, self.peer_keys = state.remote, state.peer_keys
         self._run(list(compiled.first_ready))
         if self.remaining == 0:
             self._complete()
@@ -91,7 +88,7 @@ class Execution:
     def _run(self, ready: list[int]) -> None:
         """Post every ready message; then compute one ready op, and repeat."""
         actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending
-        channel_next, ipc_peers = self.compiled.channel_next, self.ipc_peers
+        channel_next, ipc_peers, remote = self.compiled.channel_next, self.ipc_peers, self.remote
         tracing = timeline.ACTIVE
         while True:
             while ready:
@@ -104,7 +101,14 @@ class Execution:
                 if action[1] in ipc_peers:
                     IN_FLIGHT.add_queued(self._by_ipc(kind, action[1], buffers[action[2]], action[3]), self, i)
                 elif kind is SEND:
-                    IN_FLIGHT.add(self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag), self, i)
+                    if not remote[action[1]]:
+                        IN_FLIGHT.add(self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag),
+                                      self, i)
+                    elif IN_FLIGHT.remote_sends.take(self.peer_keys[action[1]], self, i):
+                        IN_FLIGHT.add(self.comm.Issend([buffers[action[2]][action[3]], BYTE], action[1], self.tag),
+                                      self, i)
+                    else:
+                        continue  # held until a send to that rank is done; the ones after it on its channel too
                 else:
                     IN_FLIGHT.add(self.comm.Irecv([buffers[action[2]][action[3]], BYTE], action[1], self.tag), self, i)
                 if tracing:
@@ -151,14 +155,27 @@ class Execution:
 
     def op_done(self, i: int) -> None:
         """A message, or a queued reduction or copy, has completed."""
-        if timeline.ACTIVE and self.actions[i][0] < OpKind.REDUCE:
+        action = self.actions[i]
+        if timeline.ACTIVE and action is not None and action[0] < OpKind.REDUCE:
             timeline.completed(self, i)
         ready: list[int] = []
         self._finished(i, ready)
+        if action is not None and action[0] is SEND and self.remote[action[1]] and action[1] not in self.ipc_peers:
+            held = IN_FLIGHT.remote_sends.done(self.peer_keys[action[1]])
+            if held is not None:
+                execution, op = held
+                if execution is self:
+                    ready.append(op)  # posted first: ready is taken from its end
+                else:
+                    execution.resume(op)
         if ready or self.computes:
             self._run(ready)
         if self.remaining == 0:
             self._complete()
+
+    def resume(self, op: int) -> None:
+        """Post a send that was held for its turn (RemoteSends.take), and go on from there."""
+        self._run([op])
 
     def _complete(self) -> None:
         self.done = True
@@ -173,227 +190,3 @@ class Execution:
         """The ranks of this collective's messages in flight: whom a stall warning says it waits for."""
         ops = self.compiled.schedule.ops
         return sorted({ops[op].peer for op in IN_FLIGHT.ops_of(self)} - {None})
-
-
-class InFlight:
-    """Every request in flight in this process, with the op it belongs to: any wait progresses all."""
-
-    def __init__(self) -> None:
-        self.requests: list[MPI.Request] = []
-        self.owners: list[tuple[Execution, int]] = []
-        self.statuses: list[MPI.Status] = []  # Testsome fills them: the size of each message received
-        self.queued: list[tuple[object, Execution, int]] = []  # reductions and copies still running
-
-    def add(self, request: MPI.Request, execution: Execution, op: int) -> None:
-        self.requests.append(request)
-        self.owners.append((execution, op))
-
-    def add_queued(self, work, execution: Execution, op: int) -> None:
-        self.queued.append((work, execution, op))
-
-    def ops_of(self, execution: Execution) -> list[int]:
-        """`execution`'s ops in flight: messages and queued work."""
-        return sorted([op for owner, op in list(self.owners) if owner is execution]
-                      + [op for _, owner, op in list(self.queued) if owner is execution])
-
-    def poll(self) -> bool:
-        """Handle the requests and queued work that completed, if any; say whether any had. Any
-        thread may call it: LOCK keeps the lists whole."""
-        with LOCK:
-            return self._poll()
-
-    def _poll(self) -> bool:
-        finished_work = self.queued and self._poll_queued()
-        if not self.requests:
-            return bool(finished_work)
-        try:
-            finished = MPI.Request.Testsome(self.requests, self.statuses)
-        except MPI.Exception as error:
-            self._failed(error)
-        if not finished:
-            return bool(finished_work)
-        self._completed(finished, self.statuses)
-        return True
-
-    def _completed(self, finished: list[int], statuses: list) -> None:
-        """Requests at `finished` (ascending), with their statuses in that order, have completed:
-        check each received message's size, take them out, and let their ops go on."""
-        owners = self.owners
-        done = [owners[i] for i in finished]
-        for (execution, op), status in zip(done, statuses):
-            action = execution.actions[op]
-            if action[0] is RECV:
-                expected = (action[3].stop - action[3].start) * execution.buffers[action[2]].itemsize
-                if status.Get_count(BYTE) != expected:
-                    Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(
-                        wrong_size(action[1], status.Get_count(BYTE), expected))
-        if len(finished) == len(owners):
-            self.requests, self.owners = [], []
-        else:
-            for i in sorted(finished, reverse=True):
-                del self.requests[i], owners[i]
-        for execution, op in done:
-            execution.op_done(op)
-
-    def _failed(self, error: MPI.Exception):
-        """Testsome failed: raise ringtree's error for the collective whose message failed, after the
-        other requests it completed have gone on. Completed requests are null now, and their
-        statuses in the order of their indices (MPICH and Open MPI do so)."""
-        finished = [i for i, request in enumerate(self.requests) if request == MPI.REQUEST_NULL]
-        in_status = error.Get_error_class() == MPI.ERR_IN_STATUS
-        statuses = list(self.statuses[:len(finished)]) if in_status else []
-        classes = error_classes(error, statuses)
-        bad = failing(classes)
-        at = finished[bad] if bad < len(finished) else 0  # not known: the oldest request's
-        execution = self.owners[at][0]
-        peer = source(statuses[bad], execution.comm) if in_status and bad < len(statuses) else None
-        ours = translated(classes, execution.comm, in_status, peer)
-        if ours is None:
-            raise error
-        fine = [(i, status) for i, status, c in zip(finished, statuses, classes)
-                if c in NOT_FAILED and self.owners[i][0] is not execution]
-        if fine:  # the failed collective's requests, null or not, abandon takes out
-            self._completed([i for i, _ in fine], [status for _, status in fine])
-        if isinstance(ours, MismatchError):  # a message larger than its receive: every rank is told
-            Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(str(ours))
-        raise self.abandon(execution, ours) from None
-
-    def _poll_queued(self) -> bool:
-        done, running = [], []
-        for entry in self.queued:
-            try:
-                finished = entry[0].done
-            except (WrongSize, MessageError) as error:  # the ranks differ on the call, or on its arrays
-                execution = entry[1]
-                Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(mismatch(error))
-            except RuntimeError as error:  # a peer's memory cannot be mapped
-                raise self.abandon(entry[1], error) from None
-            (done if finished else running).append(entry)
-        if done:
-            self.queued = running
-            for _, execution, op in done:
-                execution.op_done(op)
-        return bool(done)
-
-    def abandon(self, execution: Execution, error: Exception) -> Exception:
-        """Give up on `execution`: cancel its receives (and its sends, when a peer failed: else MPI
-        would wait for them at exit), and mark its communicator unusable with `error`, which is
-        returned to raise."""
-        for request, (owner, op) in zip(self.requests, self.owners):
-            if owner is not execution or request == MPI.REQUEST_NULL or job_ends():
-                continue
-            try:
-                if execution.actions[op][0] is RECV or isinstance(error, PeerFailure):
-                    request.Cancel()
-                    request.Wait()  # on a revoked communicator this returns (with an error) at once
-                else:
-                    request.Free()  # a send a live peer may still take: MPI drops it at exit
-            except MPI.Exception:
-                pass  # a peer failed, or the communicator is revoked: nothing more to undo
-        for work, owner, _ in self.queued:
-            if owner is execution and hasattr(work, "cancel"):  # IPC messages
-                work.cancel()
-        keep = [k for k, (owner, _) in enumerate(self.owners) if owner is not execution]
-        self.requests = [self.requests[k] for k in keep]
-        self.owners = [self.owners[k] for k in keep]
-        self.queued = [entry for entry in self.queued if entry[1] is not execution]
-        execution.state.broken = execution.failed = error
-        execution.state.abandoned.append(execution)  # its arrays: a send let go may still be read, a late message land
-        return error
-
-    def progress_until(self, done, look=None) -> None:
-        """Poll until `done()` is true, progressing every collective in flight meanwhile, and backing
-        off while nothing moves: a wait on a request of MPI's own that must not block inside MPI.
-        `look`, if given, is called every LOOK_EVERY empty polls (mismatch.Watch.look)."""
-        idle = 0
-        while not done():
-            idle = 0 if self.poll() else idle + 1
-            if look is not None and idle and idle % LOOK_EVERY == 0:
-                look()
-            back_off(idle)
-
-    def wait(self, execution: Execution) -> None:
-        """Progress every collective in flight until `execution` is done. With its timeout, raise
-        TimeoutError once no message completes for that long, and meanwhile answer other ranks'
-        questions about who is still here."""
-        timeout = execution.timeout
-        idle = 0
-        watch = None  # made once idle: it looks for signs of a mismatch (mismatch.py)
-        last_progress = next_answer = time.perf_counter()
-        waiting = slot()  # for the stall watchdog (stalls.py)
-        waiting[0] = execution
-        try:
-            while not execution.done:
-                with LOCK:  # released between polls: another thread's wait progresses this execution too
-                    if execution.done:
-                        break
-                    if not self.requests and not self.queued:
-                        raise RuntimeError("ringtree engine: a collective has ops left but nothing in flight")
-                    try:
-                        progressed = self._poll()
-                    except (MismatchError, PeerFailure):
-                        if execution.failed is None:  # another thread's collective failed: its wait raises it
-                            continue
-                        raise
-                if execution.failed is not None:  # another thread's poll abandoned it
-                    raise execution.failed
-                if progressed:
-                    idle = 0
-                    waiting[1] += 1
-                    if timeout is not None:
-                        last_progress = time.perf_counter()
-                    continue
-                if timeout is not None:
-                    now = time.perf_counter()
-                    if now >= next_answer:
-                        reliability.answer_questions(execution.state, execution.seq)
-                        next_answer = now + reliability.ANSWER_EVERY_SECONDS
-                    if now - last_progress > timeout:
-                        with LOCK:
-                            raise self.abandon(execution, reliability.timed_out(execution, self.ops_of(execution),
-                                                                                timeout))
-                idle += 1
-                if idle % LOOK_EVERY == 0:
-                    if watch is None:
-                        # Another collective tells the others its signature once stalled: ranks that differ
-                        # on its root or blocks may send each other nothing that a tag would show.
-                        watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up,
-                                      announce=execution.signature.collective != "allreduce")
-                    watch.look()
-                back_off(idle)
-        finally:
-            waiting[0] = None
-
-
-def progress_others() -> bool:
-    """Progress the collectives other calls have in flight, if any: a wait outside the engine (the
-    stepwise path, MPI's own allreduce) in any thread must move them too. Say whether any moved.
-    An error of one of them is left to its own wait (Execution.failed)."""
-    if not (IN_FLIGHT.requests or IN_FLIGHT.queued):
-        return False
-    try:
-        return IN_FLIGHT.poll()
-    except (MismatchError, PeerFailure):
-        return True
-
-
-def back_off(idle: int) -> None:
-    """After `idle` empty polls in a row, let a process that shares this core run (the peer we wait
-    for, when ranks outnumber cores); with a core to itself, this returns at once."""
-    if idle >= SPINS_BEFORE_SLEEP:
-        time.sleep(SLEEP_SECONDS)
-    elif idle >= SPINS_BEFORE_YIELD:
-        os.sched_yield()
-
-
-# Empty polls before yielding the core: long enough not to slow a dedicated core's fast path.
-SPINS_BEFORE_YIELD = 20
-# Empty polls (a few milliseconds) before sleeping between polls: a rank with nothing to do for that
-# long gives its core to the ranks that have work, at the price of at most one sleep of latency.
-SPINS_BEFORE_SLEEP = 2000
-SLEEP_SECONDS = 50e-6
-
-
-IN_FLIGHT = InFlight()
-# Held while a thread touches IN_FLIGHT or starts an Execution; never while it waits in MPI.
-LOCK = threading.RLock()

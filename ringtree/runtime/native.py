@@ -13,7 +13,7 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
-from .engine import IN_FLIGHT, SLEEP_SECONDS, SPINS_BEFORE_YIELD, progress_others
+from .in_flight import IN_FLIGHT, SLEEP_SECONDS, SPINS_BEFORE_YIELD, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .stalls import watched
 

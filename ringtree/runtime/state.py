@@ -22,7 +22,7 @@ from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
 from . import stalls, timeline
-from .engine import IN_FLIGHT
+from .in_flight import IN_FLIGHT
 from .mismatch import TagLayout
 from .native import NativePlan, free_plan
 from .threads import THREADED, thread_token
@@ -87,6 +87,11 @@ class CommState:
         # Which ranks share a node as MPI says, for the IPC transport; the algorithms see it unless
         # RINGTREE_TOPOLOGY=flat.
         self.hosts = _topology(self.comm)
+        here = self.hosts.node_of[self.rank]
+        # Per peer: on another node, where ringtree's sends are synchronous and few at once (engine.py).
+        self.remote = tuple(node != here for node in self.hosts.node_of)
+        # Per peer: whom its count of sends in flight is kept under, in every communicator alike.
+        self.peer_keys = _world_ranks(self.comm)
         self.topology = self.hosts if current.topology == "nodes" else Topology.flat(self.size)
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
         self.cycle, self.codes, self.mask = self.layout.calls, self.layout.codes, self.layout.codes - 1
@@ -159,6 +164,18 @@ def _topology(comm: MPI.Comm) -> Topology:
     finally:
         node.Free()
     return Topology.of(comm.allgather(lowest))
+
+
+def _world_ranks(comm: MPI.Comm) -> tuple:
+    """Each rank's rank in MPI.COMM_WORLD, or (comm, rank) for one outside it (a spawned process)."""
+    world = MPI.COMM_WORLD.Get_group()
+    group = comm.Get_group()
+    try:
+        ranks = group.Translate_ranks(list(range(comm.Get_size())), world)
+    finally:
+        group.Free()
+        world.Free()
+    return tuple(rank if rank != MPI.UNDEFINED else (comm.py2f(), peer) for peer, rank in enumerate(ranks))
 
 
 def cache_identity(comm: MPI.Comm, topology: Topology) -> dict:

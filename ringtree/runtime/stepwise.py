@@ -16,8 +16,8 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from ..schedule import OpKind
 from .compiled import EXCHANGE
-from .engine import back_off, progress_others
 from .failures import error_classes, translated, wrong_size
+from .in_flight import back_off, progress_others
 from .mismatch import LOOK_EVERY, Evidence, Signature, Watch, everywhere
 
 __all__ = ["bound_steps", "run_stepwise"]
@@ -68,10 +68,10 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
     could wait for ever on ranks that make another call. Either, or a message of another size than
     its receive, raises MismatchError on every rank. With RINGTREE_SIGNATURES=0, each step waits
     inside MPI, and a message of another size raises MismatchError on this rank only."""
-    comm = state.comm
+    comm, remote = state.comm, state.remote
     tag = state.next_tag(signature.code)
     if not state.signatures:
-        _run_blocking(steps, reduce, copy, comm, tag)
+        _run_blocking(steps, reduce, copy, comm, tag, remote)
         return
     status = steps[0]
     received = sent = None
@@ -82,7 +82,9 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
                 _, send, to, receive, source, nbytes, send_bytes = step
                 received = None if PROBE_FIRST else comm.Irecv(receive, source, ANY_TAG)
                 sent = None
-                if send_bytes <= EAGER_BYTES:  # MPI sends it at once: a blocking send cannot wait on the peer
+                if remote[to]:  # done once matched, as the engine's (engine.REMOTE_SENDS)
+                    sent = comm.Issend(send, to, tag)
+                elif send_bytes <= EAGER_BYTES:  # MPI sends it at once: a blocking send cannot wait on the peer
                     comm.Send(send, to, tag)
                 else:
                     sent = comm.Isend(send, to, tag)
@@ -100,10 +102,10 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
             elif kind is COPY:
                 copy(step[1], step[2])
             elif kind is SEND:
-                if step[3] <= EAGER_BYTES:
+                if step[3] <= EAGER_BYTES and not remote[step[2]]:
                     comm.Send(step[1], step[2], tag)
                 else:
-                    sent = comm.Isend(step[1], step[2], tag)
+                    sent = (comm.Issend if remote[step[2]] else comm.Isend)(step[1], step[2], tag)
                     if not sent.Test():
                         _wait(sent, None, state, signature)
             else:
@@ -206,8 +208,9 @@ def _expected(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Sta
     raise Evidence("", source, status.Get_tag())
 
 
-def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
-    """The steps with blocking MPI, each receive of `tag` only (RINGTREE_SIGNATURES=0)."""
+def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int, remote: tuple) -> None:
+    """The steps with blocking MPI, each receive of `tag` only (RINGTREE_SIGNATURES=0); a send alone
+    to another node synchronous, as every other send there."""
     status = steps[0]
     try:
         for step in steps[1:]:
@@ -224,7 +227,7 @@ def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: i
             elif kind is COPY:
                 copy(step[1], step[2])
             elif kind is SEND:
-                comm.Send(step[1], step[2], tag)
+                (comm.Ssend if remote[step[2]] else comm.Send)(step[1], step[2], tag)
             else:
                 _, message, source, nbytes = step
                 comm.Recv(message, source, tag, status)
