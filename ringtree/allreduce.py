@@ -107,12 +107,14 @@ def _watched_again(again, recvbuf):
 def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     """allreduce past its fastest path."""
     if not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None):
-        return converted_call(_reduce, None, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+        return converted_call(partial(_reduce, kept=False), None, sendbuf, recvbuf, op, comm, algorithm, segment,
+                              check, timeout)
     return _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
 
 
-def _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
-    """allreduce of plain arrays."""
+def _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, kept=True):
+    """allreduce of plain arrays; `kept`: the caller's own, which a repeat on them may run bound to (not
+    arrays made for this call, which would hold the caller's exported memory)."""
     trial = None
     repeat = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
     if repeat is not None:
@@ -131,7 +133,7 @@ def _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
         # A stepwise or native plan runs here; one that is not a trial, check or given segment is repeated.
         repeatable = _remembered(state, call, op, algorithm, target, inplace, trial, check, segment)
     what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
-    if (repeatable and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
+    if (repeatable and kept and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
             and (inplace or type(sendbuf) is NDARRAY) and (state.signatures or not THREADED[1])):
         watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
                             what).run, what)

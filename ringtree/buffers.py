@@ -8,6 +8,8 @@ the result lands in the caller's own memory. Nothing here copies data or sends a
 
 from __future__ import annotations
 
+import ctypes.util
+import functools
 from contextlib import nullcontext
 from typing import NamedTuple
 
@@ -128,7 +130,7 @@ def as_array(spec, name: str, *, writable: bool):
     else:
         buf = spec
     try:
-        array = _memory(buf, name, writable)
+        array = _memory(buf, name, writable, typed=datatype is not None)
     except TypeError:
         if buf is spec:
             raise
@@ -150,8 +152,10 @@ def as_array(spec, name: str, *, writable: bool):
     return array[displ:displ + count]
 
 
-def _memory(buf, name: str, writable: bool):
-    """`buf`'s memory as a 1-D array in memory order (a CuPy array stays as it is)."""
+def _memory(buf, name: str, writable: bool, typed: bool = False):
+    """`buf`'s memory as a 1-D array in memory order (a CuPy array stays as it is). What is neither
+    numpy's, CuPy's nor a tensor is read as mpi4py reads it: the buffer protocol, else DLPack, else
+    the CUDA array interface. `typed`: a datatype will say what the elements are (bytes will do)."""
     if buf is MPI.IN_PLACE or buf is MPI.BOTTOM:  # both export an empty buffer
         raise TypeError(f"{name} cannot be MPI.{'IN_PLACE' if buf is MPI.IN_PLACE else 'BOTTOM'}"
                         + (" (only sendbuf can)" if buf is MPI.IN_PLACE else ""))
@@ -162,18 +166,10 @@ def _memory(buf, name: str, writable: bool):
         return buf
     if is_tensor(buf):
         return _flat(tensors.as_array(buf, name), name)
-    if hasattr(buf, "__dlpack__") and hasattr(buf, "__dlpack_device__"):
-        device, _ = buf.__dlpack_device__()
-        if device == 1:  # kDLCPU
-            return _flat(np.from_dlpack(buf), name)
-        return _cupy(name, type(buf)).from_dlpack(buf)
-    if hasattr(buf, "__cuda_array_interface__"):
-        return _cupy(name, type(buf)).asarray(buf)
     try:
         view = memoryview(buf)
     except TypeError:
-        raise TypeError(f"{name}: expected a buffer, an array or a buffer specification, "
-                        f"got {type(buf).__name__}") from None
+        return _exported(buf, name, writable, typed)
     if not (view.c_contiguous or view.f_contiguous):
         raise ValueError(f"{name}: the buffer is not contiguous")
     if writable and view.readonly:
@@ -183,6 +179,63 @@ def _memory(buf, name: str, writable: bool):
     except (TypeError, ValueError):
         array = np.frombuffer(view.cast("B"), np.uint8)  # a format numpy cannot read: a datatype must say
     return _flat(array, name)
+
+
+@functools.cache
+def _cuda_driver() -> bool:
+    """Whether this machine has a CUDA driver (find_library runs ldconfig: asked once)."""
+    return ctypes.util.find_library("cuda") is not None
+
+
+# DLPack's devices whose memory the host reads: the CPU's, and host memory pinned for CUDA or ROCm.
+_HOST_DEVICES = (1, 3, 11)  # kDLCPU, kDLCUDAHost, kDLROCMHost
+
+
+def _exported(buf, name: str, writable: bool, typed: bool):
+    """The memory of an object that exports DLPack or the CUDA array interface: device memory as a
+    CuPy array; host memory (a DLPack CPU tensor, or an interface whose pointer CUDA does not call
+    device memory) as numpy's view of mpi4py's own buffer of it, which holds the export for as
+    long as the view lives, writable wherever mpi4py would write (a legacy DLPack capsule says
+    nothing of read-only, and mpi4py writes it)."""
+    if hasattr(buf, "__dlpack__") and hasattr(buf, "__dlpack_device__"):
+        if buf.__dlpack_device__()[0] not in _HOST_DEVICES:
+            return _cupy(name, type(buf)).from_dlpack(buf)
+        dtype = np.uint8 if typed else np.from_dlpack(buf).dtype  # numpy's reading of the element type
+    elif hasattr(buf, "__cuda_array_interface__"):
+        interface = buf.__cuda_array_interface__
+        if _on_device(interface["data"][0], name, type(buf)):
+            return _cupy(name, type(buf)).asarray(buf)
+        dtype = np.dtype(interface["typestr"])
+    else:
+        raise TypeError(f"{name}: expected a buffer, an array or a buffer specification, got {type(buf).__name__}")
+    try:
+        memory = MPI.buffer.frombuffer(buf, readonly=not writable)
+    except BufferError as error:
+        if writable and ("writable" in str(error) or "read-only" in str(error)):
+            raise ValueError(f"{name} is read-only") from None
+        raise ValueError(f"{name}: {error}") from None
+    if memory.nbytes % np.dtype(dtype).itemsize:
+        raise ValueError(f"{name}: {memory.nbytes} bytes is not a whole number of {np.dtype(dtype).name}")
+    return np.frombuffer(memory, dtype)
+
+
+def _on_device(pointer, name: str, kind: type) -> bool:
+    """Whether a CUDA array interface's pointer is device (or managed) memory, as CUDA says. Where
+    CUDA has no device, or there is no CUDA at all, no memory is a device's; with a CUDA driver but
+    no CuPy to ask it, that cannot be known: a TypeError."""
+    if not pointer:
+        return False
+    try:
+        import cupy
+    except ImportError:
+        if not _cuda_driver():
+            return False
+        raise TypeError(f"{name} is a {kind.__name__} with the CUDA array interface, which may be device memory: "
+                        "that needs CuPy (pip install ringtree[cuda12] or ringtree[cuda13])") from None
+    try:
+        return cupy.cuda.runtime.pointerGetAttributes(pointer).type in (2, 3)  # device, managed
+    except Exception:  # noqa: BLE001 - CUDA without a driver or a device: CuPy's errors of each
+        return False
 
 
 def _flat(array: np.ndarray, name: str) -> np.ndarray:

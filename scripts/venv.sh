@@ -16,9 +16,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.ringtree-installed"
 extras="test,$mpi"
-# CuPy, where its wheels exist, in the MPICH venv: without a GPU its arrays must get a clear error
-# (tests/test_gpu.py); with one, the GPU tests run.
-[ "$mpi" = mpich ] && [ -z "$torch" ] && [ "$(uname -sm)" = "Linux x86_64" ] && extras="$extras,cuda13"
+# CuPy in the MPICH venv where there is an NVIDIA GPU (and CuPy's wheels): the GPU tests run there.
+# Without one, CuPy (some 180 MB) would only show its clear error, which tests/test_gpu.py checks
+# wherever CuPy is installed without a device.
+if [ "$mpi" = mpich ] && [ -z "$torch" ] && [ "$(uname -sm)" = "Linux x86_64" ] && [ -e /dev/nvidiactl ]; then
+    extras="$extras,cuda13"
+fi
 [ -z "$torch" ] || extras="$extras,torch"
 if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ]; then
     echo "Installing ringtree[$extras] into $venv (first use takes a minute)" >&2

@@ -35,6 +35,26 @@ class DLPackOnly:
         return self._array.__dlpack_device__()
 
 
+class LegacyDLPack(DLPackOnly):
+    """DLPack as before version 1.0, as mpi4py's tests' dlpackimpl exports it: a __dlpack__ that takes
+    no max_version gives an unversioned capsule, which says nothing of read-only."""
+
+    def __dlpack__(self, stream=None):
+        return self._array.__dlpack__(stream=stream)
+
+
+class CUDAArrayInterfaceOnly:
+    """An object that exports only the CUDA array interface, as mpi4py's tests' FakeGPUArray, here over
+    host memory."""
+
+    def __init__(self, array):
+        self._array = array
+
+    @property
+    def __cuda_array_interface__(self):
+        return {**self._array.__array_interface__, "version": 3}
+
+
 def _inputs(name, typecode, rank, size):
     """Small integers, so that every order of the reduction gives the same values; a PROD of ones
     and one 2 per element."""
@@ -57,7 +77,8 @@ def _kinds(typecode):
         ("(buf, (count, displ), typecode)", lambda a: (a, (COUNT, 0), typecode)),
     ]
     if typecode not in "gG":  # DLPack has no long double
-        kinds.append(("DLPack only", DLPackOnly))
+        kinds += [("DLPack only", DLPackOnly), ("DLPack only, legacy capsule", LegacyDLPack),
+                  ("CUDA array interface over host memory", CUDAArrayInterfaceOnly)]
     if typecode in ARRAY_TYPECODES:
         kinds.append(("array.array", lambda a: array.array(typecode, a.tolist())))
     return kinds
@@ -67,7 +88,7 @@ def _values(buf, dtype):
     """The values a buffer holds in memory order, as numpy."""
     if isinstance(buf, (list, tuple)):
         buf = buf[0]
-    if isinstance(buf, DLPackOnly):
+    if isinstance(buf, (DLPackOnly, CUDAArrayInterfaceOnly)):
         buf = buf._array
     return np.asarray(buf).ravel(order="K").view(dtype)
 
@@ -241,31 +262,16 @@ def test_a_mismatch_in_a_request_waited_for_inside_mpi_is_an_mpi_error_on_every_
     assert_everywhere(comm, failures)
 
 
-class CUDAArrayInterfaceOnly:
-    """An object that exports only the CUDA array interface, as mpi4py's tests' CAI arrays, here over
-    host memory."""
-
-    def __init__(self, array):
-        self._array = array
-
-    @property
-    def __cuda_array_interface__(self):
-        return {**self._array.__array_interface__, "version": 3}
-
-
-def test_a_cuda_array_interface_object_without_a_gpu_is_a_clear_error_before_any_message(comm):
-    from ringtree.runtime.backend import NoDevice, cupy_backend
-
-    try:
-        cupy_backend()
-        pytest.skip("a GPU is here: CuPy takes only device memory through the interface (scripts/gpu-check)")
-    except (ImportError, NoDevice):
-        pass
+@pytest.mark.parametrize("kind", [CUDAArrayInterfaceOnly, DLPackOnly])
+def test_a_read_only_export_as_recvbuf_is_refused_before_any_message_as_mpi4py_refuses_it(comm, kind):
     data = np.ones(4)
-    with pytest.raises((NoDevice, TypeError), match=f"rank {comm.Get_rank()}: sendbuf is a CUDAArrayInterfaceOnly "
-                                                    "in device memory"):
-        ringtree.Communicator(comm).Allreduce(CUDAArrayInterfaceOnly(data), np.zeros(4))
-    assert_everywhere(comm, [] if (data == 1).all() else ["the input changed"])
+    result = np.arange(4.0)
+    result.setflags(write=False)
+    with pytest.raises(BufferError):
+        comm.Allreduce(data, kind(result))
+    with pytest.raises(ValueError, match=f"rank {comm.Get_rank()}: recvbuf is read-only"):
+        ringtree.Communicator(comm).Allreduce(kind(data), kind(result))
+    assert_everywhere(comm, [] if (data == 1).all() and (result == np.arange(4.0)).all() else ["a buffer changed"])
 
 
 def test_a_mismatch_the_progress_thread_found_is_raised_by_the_requests_own_wait_on_every_rank(comm):
