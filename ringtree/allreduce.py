@@ -31,6 +31,7 @@ from .runtime.in_flight import IN_FLIGHT, LOCK
 from .runtime.mismatch import Signature, Watch, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native, start_native
 from .runtime.one_caller import first_caller, intruded, one_caller
+from .runtime.refusal import refusing
 from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
@@ -240,19 +241,20 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     ranks on the call; return what a call needs, and the online tuning trial it is, if any."""
     if comm is None:
         comm = MPI.COMM_WORLD
-    sendbuf, recvbuf, reduce_op, backend, inplace = checked(sendbuf, recvbuf, op, comm, algorithm, segment)
-    if note_thread(comm) and AGAIN:
-        AGAIN.clear()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
-    try:
-        current = settings.current()
-    except settings.SettingError as error:
-        comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
-        raise settings.SettingError(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
-    timeout = checked_timeout(timeout, comm, current.timeout)
-    if check is not None and not isinstance(check, bool):
-        raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
-                        f"got {check!r}")
-    state = comm_state(comm, timeout)
+    with refusing(comm):
+        sendbuf, recvbuf, reduce_op, backend, inplace = checked(sendbuf, recvbuf, op, comm, algorithm, segment)
+        if note_thread(comm) and AGAIN:
+            AGAIN.clear()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
+        try:
+            current = settings.current()
+        except settings.SettingError as error:
+            comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
+            raise settings.SettingError(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
+        timeout = checked_timeout(timeout, comm, current.timeout)
+        if check is not None and not isinstance(check, bool):
+            raise TypeError(f"ringtree allreduce on rank {comm.Get_rank()}: check must be True, False or None, "
+                            f"got {check!r}")
+        state = comm_state(comm, timeout)
     state.check_usable()
     if recvbuf is None:
         recvbuf = backend.empty_like(sendbuf)
@@ -264,7 +266,8 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     if current.check if check is None else check:
         # Before the choice: online tuning takes its steps on the arguments the ranks agree on here.
         reliability.agree(state, reliability.call_record(target.size, dtype, reduce_op.value, algorithm),
-                          (target.size, dtype, reduce_op.value, algorithm, "allreduce"), timeout, not THREADED[1],
+                          (target.size, dtype, reduce_op.value, algorithm, "allreduce"),
+                          signature(target.size, dtype, reduce_op.value, algorithm, segment), timeout, not THREADED[1],
                           lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
                                                                  algorithm="recursive_doubling", timeout=seconds))
     call = trial = None

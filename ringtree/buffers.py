@@ -23,6 +23,7 @@ from .ops import op_name, parse_op
 from .request import Request
 from .runtime.backend import REGISTERED, NoDevice, backend_for, cupy_backend
 from .runtime.native import MPIOwn
+from .runtime.refusal import refusing
 from .tensors import is_tensor
 
 __all__ = ["Converted", "converted", "converted_call", "passed_through", "as_array", "is_plain_call", "passes_through"]
@@ -82,15 +83,16 @@ def converted_call(run, start, sendbuf, recvbuf, op, comm, *arguments):
     that are not plain arrays, or that only MPI's own allreduce can reduce."""
     blocking = start is None
     comm = MPI.COMM_WORLD if comm is None else comm
-    try:
-        why = passes_through(op, sendbuf, recvbuf)
-        call = converted(sendbuf, recvbuf) if why is None or recvbuf is None else None
-    except (TypeError, ValueError, NoDevice) as error:
-        raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
-    if why is not None:
-        if call is not None and call.send is MPI.IN_PLACE:
+    with refusing(comm):
+        try:
+            why = passes_through(op, sendbuf, recvbuf)
+            call = converted(sendbuf, recvbuf) if why is None or recvbuf is None else None
+        except (TypeError, ValueError, NoDevice) as error:
+            raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
+        if why is not None and call is not None and call.send is MPI.IN_PLACE:
             raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: sendbuf is MPI.IN_PLACE, so recvbuf "
                              "must hold the input, but it is None")
+    if why is not None:
         result = recvbuf if call is None else call.result if call.result is not None else np.empty_like(call.send)
         through = passed_through(comm, sendbuf, result if call is None or call.recv is None else call.recv, op, why)
         if blocking:

@@ -12,7 +12,17 @@ from .algorithms import ALGORITHMS
 from .ops import check_dtype, parse_op
 from .runtime.backend import NoDevice, NumpyBackend, backend_for
 
-__all__ = ["checked", "checked_timeout"]
+__all__ = ["check_comm", "checked", "checked_timeout"]
+
+
+def check_comm(comm, name: str = "allreduce") -> None:
+    """A TypeError unless `comm` is an intracommunicator that can be used: one that was freed says so."""
+    if isinstance(comm, MPI.Intracomm) and comm != MPI.COMM_NULL:
+        return
+    if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
+        raise TypeError(f"ringtree {name}: comm must be an intracommunicator, got a null one: it was freed, or it is "
+                        "MPI.COMM_NULL (as Split gives a rank of color MPI.UNDEFINED)")
+    raise TypeError(f"ringtree {name}: comm must be an intracommunicator, got {comm!r}")
 
 
 def checked(sendbuf, recvbuf, op, comm, algorithm, segment):
@@ -20,8 +30,7 @@ def checked(sendbuf, recvbuf, op, comm, algorithm, segment):
 
     Every call but a repeat (_repeat) runs this, so the common case (numpy arrays, a
     predefined op) takes the fewest steps."""
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"ringtree allreduce: comm must be an intracommunicator, got {comm!r}")
+    check_comm(comm)
     try:
         reduce_op = parse_op(op)
         if algorithm != "auto" and algorithm not in ALGORITHMS:

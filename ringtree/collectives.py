@@ -19,7 +19,7 @@ from mpi4py.util import dtlib
 from . import settings
 from .algorithms import GENERATORS
 from .allreduce import allreduce, confirm_end
-from .checks import checked_timeout
+from .checks import check_comm, checked_timeout
 from .collective_args import Prepared, prepared
 from .debug import log
 from .ops import ReduceOp
@@ -34,6 +34,7 @@ from .runtime.in_flight import IN_FLIGHT, LOCK
 from .runtime.mismatch import Signature, signature
 from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_started
 from .runtime.one_caller import first_caller, one_caller
+from .runtime.refusal import refusing
 from .runtime.stalls import watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
@@ -139,13 +140,15 @@ for _function in (reduce_scatter, allgather, broadcast, reduce):
 def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRequest:
     """The arguments checked once, here; every Start starts the nonblocking call of them."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    _check_options(name, comm, algorithm, None, check)
-    call = prepared(name, comm, *buffers)
-    needs = name in ("reduce_scatter", "allgather") or (name == "reduce" and comm.Get_rank() == call.collective.root)
-    if needs and buffers[1] is None:
-        raise ValueError(f"ringtree {name}_init on rank {comm.Get_rank()}: a persistent {name} needs recvbuf: "
-                         "the result goes there at every Wait")
-    checked_timeout(timeout, comm, None)
+    with refusing(comm):
+        check_comm(comm, name)
+        _check_options(name, comm, algorithm, None, check)
+        call = prepared(name, comm, *buffers)
+        needs = name in ("reduce_scatter", "allgather") or (name == "reduce" and comm.Get_rank() == call.collective.root)
+        if needs and buffers[1] is None:
+            raise ValueError(f"ringtree {name}_init on rank {comm.Get_rank()}: a persistent {name} needs recvbuf: "
+                             "the result goes there at every Wait")
+        checked_timeout(timeout, comm, None)
     return PersistentRequest(partial(_run, name, False, comm, algorithm, None, check, timeout, *buffers), name)
 
 
@@ -225,13 +228,16 @@ def _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) -> tupl
 def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Repeat:
     """A call past the repeat path: its arguments checked, its plan found or made; kept for its repeats
     under `key` (unless None, or the call makes a new result)."""
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"ringtree {name}: comm must be an intracommunicator, got {comm!r}")
-    _check_options(name, comm, algorithm, segment, check)
-    call = prepared(name, comm, *buffers)
-    current = settings.current()
-    timeout = checked_timeout(timeout, comm, current.timeout)
-    state = comm_state(comm, timeout)
+    with refusing(comm):
+        check_comm(comm, name)
+        _check_options(name, comm, algorithm, segment, check)
+        call = prepared(name, comm, *buffers)
+        try:
+            current = settings.current()
+        except settings.SettingError as error:
+            raise settings.SettingError(f"ringtree {name} on rank {comm.Get_rank()}: {error}") from None
+        timeout = checked_timeout(timeout, comm, current.timeout)
+        state = comm_state(comm, timeout)
     state.check_usable()
     op = call.reduce_op.value if call.reduce_op is not None else None
     dtype = call.source.dtype  # the target's too: collective_args makes them one
@@ -270,7 +276,7 @@ def _agree(repeat: _Repeat, comm) -> None:
     every rank makes it with the same arguments."""
     if repeat.agreement is not None:
         record, described, what = repeat.agreement
-        reliability.agree(repeat.state, record, described, repeat.timeout, not THREADED[1],
+        reliability.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1],
                           lambda record, low, seconds: _agreement(record, low, comm, seconds), what)
 
 

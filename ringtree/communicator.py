@@ -12,6 +12,7 @@ from .mpi_style import translated
 from .persistent import PersistentRequest, allreduce_init
 from .request import MPIRequest, Request
 from .runtime.native import MPIOwn
+from .runtime.refusal import refusing
 
 __all__ = ["Communicator"]
 
@@ -131,10 +132,11 @@ class Communicator(MPI.Intracomm):
     def _call(self, form: str, method: str, algorithm: str, *arguments):
         """mpi4py's `method` on ringtree, or MPI's own where ringtree does not compute it, in `form`:
         "blocking" (returns None), "nonblocking" (a request) or "persistent" (a persistent request)."""
-        try:
-            call = translated(method, self, *arguments)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"ringtree {method} on rank {self.Get_rank()}: {error}") from None
+        with refusing(self):
+            try:
+                call = translated(method, self, *arguments)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"ringtree {method} on rank {self.Get_rank()}: {error}") from None
         if call.name is None:
             configure_debug_logging(MPI.COMM_WORLD.Get_rank())
             log.info("%s passed through to MPI's own: ringtree does not compute %s", method, call.why)

@@ -9,6 +9,7 @@ from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
 from .checks import checked, checked_timeout
 from .runtime.backend import NoDevice
+from .runtime.refusal import refusing
 
 __all__ = ["PersistentRequest", "allreduce_init"]
 
@@ -19,6 +20,11 @@ def allreduce_init(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto",
     (bad ones raise before any message is sent); every Start runs the plan the first one built.
     What ringtree does not reduce gets MPI's own persistent request (`Comm.Allreduce_init`)."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    with refusing(comm):
+        return _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout)
+
+
+def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
     try:
         if passes_through(op, sendbuf, recvbuf) is not None:
             return MPI.Intracomm(comm).Allreduce_init(MPI.IN_PLACE if sendbuf is None else sendbuf, recvbuf, op)

@@ -137,6 +137,15 @@ def test_a_bad_communicator_raises(comm):
         ringtree.Communicator(MPI.COMM_NULL)
 
 
+def test_a_freed_communicator_is_named_as_freed(comm):
+    freed = comm.Dup()
+    freed.Free()
+    for call in (lambda: allreduce(np.ones(3), comm=freed), lambda: iallreduce(np.ones(3), comm=freed),
+                 lambda: ringtree.broadcast(np.ones(3), comm=freed), lambda: ringtree.reduce(np.ones(3), comm=freed)):
+        with pytest.raises(TypeError, match="comm must be an intracommunicator, got a null one: it was freed"):
+            call()
+
+
 COMMUNICATOR_CASES = [
     ("counts differ", lambda: (np.ones(4), np.zeros(5)), ValueError, "sendbuf has 4 elements but recvbuf has 5"),
     ("an unknown typecode", lambda: ([np.ones(4), "x"], np.zeros(4)), TypeError, "unsupported datatype 'x'"),
@@ -159,4 +168,57 @@ def test_communicator_rejects_bad_buffer_specs(comm, name, make, error, words):
     if state.calls != calls_before:
         failures.append("a collective was started")
     failures += _no_stray_messages_and_still_correct(comm, state)
+    assert_everywhere(comm, failures)
+
+
+def _read_only_on_rank_1(comm, array):
+    if comm.Get_rank() == 1:
+        array.flags.writeable = False
+    return array
+
+
+# (id, the call on a communicator, what rank 1 is told) where rank 1 alone refuses its arguments.
+ONE_RANK_CASES = [
+    ("allreduce of a read-only recvbuf", lambda c: allreduce(np.ones(4), _read_only_on_rank_1(c, np.zeros(4)), comm=c),
+     "recvbuf is read-only"),
+    ("iallreduce of an unknown op", lambda c: iallreduce(np.ones(4), op="mean" if c.Get_rank() == 1 else "sum",
+                                                         comm=c).wait(), "unknown op 'mean'"),
+    ("broadcast of a read-only buffer", lambda c: ringtree.broadcast(_read_only_on_rank_1(c, np.ones(8)), comm=c),
+     "buf is read-only"),
+    ("reduce-scatter of a non-contiguous buffer", lambda c: ringtree.reduce_scatter(
+        np.ones(8 * c.Get_size())[::2] if c.Get_rank() == 1 else np.ones(4 * c.Get_size()), comm=c),
+     "sendbuf is not contiguous"),
+    ("Communicator.Allgather into a buffer of another size", lambda c: ringtree.Communicator(c).Allgather(
+        np.ones(2), np.zeros(2 * c.Get_size() + (c.Get_rank() == 1))), "blocks of sendbuf's 2"),
+    ("allreduce_init of a read-only recvbuf, then its first Start", lambda c: _started(
+        ringtree.allreduce_init(np.ones(4), _read_only_on_rank_1(c, np.zeros(4)), comm=c)), "recvbuf is read-only"),
+]
+
+
+def _started(request):
+    request.Start()
+    request.Wait()
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["its first call", "after a call"])
+@pytest.mark.parametrize("name, call, words", ONE_RANK_CASES, ids=[c[0] for c in ONE_RANK_CASES])
+def test_arguments_one_rank_refuses_raise_on_every_rank_naming_it(comm, name, call, words, first):
+    if comm.Get_size() == 1:
+        pytest.skip("needs another rank")
+    mine = comm.Dup()
+    try:
+        if not first:
+            allreduce(np.ones(3), comm=mine)
+        try:
+            call(mine)
+            failures = ["returned"]
+        except (ValueError, TypeError) as error:
+            failures = [] if comm.Get_rank() == 1 and words in str(error) else [f"{type(error).__name__}: {error}"]
+        except ringtree.MismatchError as error:
+            failures = [] if comm.Get_rank() != 1 and "on rank 1, refused its arguments: " in str(error) \
+                and words in str(error) else [f"MismatchError: {error}"]
+        with pytest.raises((ringtree.MismatchError, ValueError), match="unusable"):
+            allreduce(np.ones(3), comm=mine)  # on every rank at once: none went on
+    finally:
+        mine.Free()
     assert_everywhere(comm, failures)

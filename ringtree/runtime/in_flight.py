@@ -1,10 +1,9 @@
 """Every request in flight in this process, with the op of the collective it belongs to: a wait on
 any collective polls them all, so outstanding calls progress together and in any order, in any
-thread (LOCK keeps the lists whole). Also the back-off every idle wait shares."""
+thread (LOCK keeps the lists whole)."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -13,13 +12,14 @@ from mpi4py import MPI
 from ..errors import MismatchError, PeerFailure
 from ..schedule import OpKind
 from . import reliability
+from .backoff import back_off
 from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
 from .ipc import MessageError, WrongSize, mismatch
 from .mismatch import LOOK_EVERY, Watch
 from .remote_sends import RemoteSends
 from .stalls import slot
 
-__all__ = ["InFlight", "IN_FLIGHT", "LOCK", "back_off", "progress_others"]
+__all__ = ["InFlight", "IN_FLIGHT", "LOCK", "progress_others"]
 
 # An execution is an engine.Execution (which imports this module): only its methods are called here.
 
@@ -237,23 +237,6 @@ def progress_others() -> bool:
         return IN_FLIGHT.poll()
     except (MismatchError, PeerFailure):
         return True
-
-
-def back_off(idle: int) -> None:
-    """After `idle` empty polls in a row, let a process that shares this core run (the peer we wait
-    for, when ranks outnumber cores); with a core to itself, this returns at once."""
-    if idle >= SPINS_BEFORE_SLEEP:
-        time.sleep(SLEEP_SECONDS)
-    elif idle >= SPINS_BEFORE_YIELD:
-        os.sched_yield()
-
-
-# Empty polls before yielding the core: long enough not to slow a dedicated core's fast path.
-SPINS_BEFORE_YIELD = 20
-# Empty polls (a few milliseconds) before sleeping between polls: a rank with nothing to do for that
-# long gives its core to the ranks that have work, at the price of at most one sleep of latency.
-SPINS_BEFORE_SLEEP = 2000
-SLEEP_SECONDS = 50e-6
 
 
 IN_FLIGHT = InFlight()

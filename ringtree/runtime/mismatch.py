@@ -35,12 +35,14 @@ from ..algorithms import ALGORITHMS, GENERATORS
 from ..errors import MismatchError
 from ..ops import ReduceOp
 
-__all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "ranks_text", "CALL"]
+__all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "refused", "ranks_text",
+           "CALL", "REFUSED"]
 
 CALL = 3  # the control communicator's tag for a rank's signature (reliability.py uses 1 and 2)
 ANNOUNCE_SECONDS = 0.5  # a wait in MPI's own allreduce idle this long tells the others which call it is in
 GATHER_SECONDS = 6.0  # how long a rank that raises waits for the others' signatures
 LOOK_EVERY = 256  # empty polls between looks for another rank's signature
+REFUSED = "refused its arguments: "  # how a rank's report says it refused a call (refusal.py)
 
 _DTYPES = "?bBhHiIlLqQefdgFDG"
 _OPS = [op.value for op in ReduceOp]
@@ -155,11 +157,14 @@ class Watch:
         while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
             source = status.Get_source()
             theirs = _keep(state, source, control.recv(source=source, tag=CALL))
-            if theirs[3]:  # a rank found two threads in calls on this communicator at once
+            if theirs[3] and not theirs[3].startswith(REFUSED):  # a rank found two threads in calls on it at once
                 self.fail(f"rank {source} reports: {theirs[3]}")
             if theirs[0] == seq and (theirs[1] != self.signature or theirs[2] or theirs[4] != bool(state.threads_bit)):
                 self.fail(f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else
                                                         "another signature for this call"))
+        for source, theirs in state.reports.get(seq, {}).items():  # a refusal of this call, told before it began here
+            if theirs[3].startswith(REFUSED):
+                self.fail(f"rank {source} refused call #{seq}")
         layout, comm, me = state.layout, state.comm, state.rank
         mine = layout.tag(seq, self.signature.code ^ state.threads_bit)
         for source in range(state.size):
@@ -204,6 +209,28 @@ def _tell(state, seq: int, signature: Signature, raised: bool, reason: str = "")
         if rank != state.rank:
             state.answers.append(state.control.isend((seq, signature, raised, reason, bool(state.threads_bit)), rank,
                                                      CALL))
+
+
+def refused(state, seq: int, why: str) -> bool:
+    """Tell every other rank that this one refused call #seq (a report, raised, with REFUSED + `why`), and
+    wait until each has answered with its own report of that call: refused too, or raised on learning
+    of it. Say whether every rank refused; if not, the communicator is unusable here too."""
+    _tell(state, seq, UNKNOWN, True, REFUSED + why)
+    others = [rank for rank in range(state.size) if rank != state.rank]
+    status = MPI.Status()
+    while not all(state.reports.get(seq, {}).get(rank, (0, 0, False))[2] for rank in others):
+        while state.control.Iprobe(MPI.ANY_SOURCE, CALL, status):
+            source = status.Get_source()
+            _keep(state, source, state.control.recv(source=source, tag=CALL))
+        time.sleep(0.0002)
+    answers = state.reports.pop(seq)
+    state.raised.difference_update(others)  # their reports of this call, not of a mismatch to come
+    if all(answers[rank][3].startswith(REFUSED) for rank in others):
+        return True
+    went_on = [rank for rank in others if not answers[rank][3].startswith(REFUSED)]
+    state.broken = MismatchError(f"ringtree on rank {state.rank}: it refused its arguments to call #{seq}, which "
+                                 f"{ranks_text(went_on)} made (and raised there)")
+    return False
 
 
 def everywhere(state, seq: int, signature: Signature, why: str, reason: str = "") -> MismatchError:
@@ -252,7 +279,7 @@ def _message(state, seq: int, signature: Signature, why: str, reason: str, repor
         by_reason: dict = {}
         for rank in sorted(reasons):
             by_reason.setdefault(reasons[rank], []).append(rank)
-        return (f"ringtree allreduce on rank {state.rank} of {state.comm.Get_name()}: "
+        return (f"ringtree {signature.collective} on rank {state.rank} of {state.comm.Get_name()}: "
                 + "; ".join(f"on {ranks_text(ranks)}, {text}" for text, ranks in by_reason.items()))
     everyone = {state.rank: signature, **{rank: report[1] for rank, report in reports.items() if report[0] == seq}}
     differences = []

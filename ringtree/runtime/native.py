@@ -13,7 +13,8 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
-from .in_flight import IN_FLIGHT, SLEEP_SECONDS, SPINS_BEFORE_YIELD, progress_others
+from .backoff import SLEEP_SECONDS, SPINS_BEFORE_YIELD
+from .in_flight import IN_FLIGHT, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .stalls import watched
 

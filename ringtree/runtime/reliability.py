@@ -29,7 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
-from .mismatch import CALL, ranks_text
+from .backoff import back_off
+from .mismatch import CALL, LOOK_EVERY, Signature, Watch, ranks_text
 from .stalls import watched
 
 PING, PRESENT = 1, 2  # tags on the control communicator (mismatch.py's CALL is 3)
@@ -50,17 +51,17 @@ def call_record(count: int, dtype, op: str, algorithm: str, collective: str = "a
     return np.concatenate([codes, -codes, np.zeros(2 * len(_FIELDS), np.int64)])
 
 
-def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blocking: bool, ringtree_allreduce,
-          what: str | None = None) -> None:
+def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout: float | None, blocking: bool,
+          ringtree_allreduce, what: str | None = None) -> None:
     """Raise MismatchError on every rank unless all ranks make this call with the same arguments.
 
     `record` is call_record's for this call, `call` its (count, dtype, op, algorithm, collective)
-    for the message.
+    for the message, `signature` its signature (mismatch.py).
     With a timeout the comparison runs through ringtree (`ringtree_allreduce(sendbuf, recvbuf,
-    timeout)`, MIN over int64), so that a rank that does not come is named, and so it does where the
-    call may not wait inside MPI (not `blocking`: other threads call ringtree); else through MPI's
-    own Allreduce on the private communicator, the fastest way. `what`: the wait as a stall warning
-    names it, where the caller has it made already."""
+    timeout)`, MIN over int64), so that a rank that does not come is named, and so it does where
+    other threads call ringtree (not `blocking`); else through MPI's own nonblocking allreduce on
+    the private communicator, polled, looking for a rank that refused the call or made another.
+    `what`: the wait as a stall warning names it, where the caller has it made already."""
     seq = state.calls  # the same on all ranks if they made as many ringtree calls
     fields = len(_FIELDS)
     record[_SEQ], record[fields + _SEQ] = seq, -seq
@@ -68,7 +69,7 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
     count, dtype, op, algorithm, collective = call
     name = collective.split()[0]
     if timeout is None and blocking:
-        watched(partial(state.comm.Allreduce, mine, low, MPI.MIN), what or agreement_described(state, call))
+        watched(partial(_compared, state, mine, low, seq, signature), what or agreement_described(state, call))
     else:
         try:
             ringtree_allreduce(mine, low, timeout)
@@ -92,6 +93,18 @@ def agree(state, record: np.ndarray, call: tuple, timeout: float | None, blockin
             differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
     raise MismatchError(f"ringtree {name} on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree "
                         f"at call #{seq}: " + " | ".join(differences))
+
+
+def _compared(state, mine: np.ndarray, low: np.ndarray, seq: int, signature: Signature) -> None:
+    """MPI's own MIN allreduce of the records, polled, with a look for signs of a mismatch now and then."""
+    request = state.comm.Iallreduce(mine, low, MPI.MIN)
+    watch = Watch(state, seq, signature, lambda error: state.abandoned.append((request, mine, low)))
+    idle = 0
+    while not request.Test():
+        idle += 1
+        if idle % LOOK_EVERY == 0:
+            watch.look()
+        back_off(idle)
 
 
 def agreement_described(state, call: tuple) -> str:

@@ -15,9 +15,10 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..schedule import OpKind
+from .backoff import back_off
 from .compiled import EXCHANGE
 from .failures import error_classes, translated, wrong_size
-from .in_flight import back_off, progress_others
+from .in_flight import progress_others
 from .mismatch import LOOK_EVERY, Evidence, Signature, Watch, everywhere
 
 __all__ = ["bound_steps", "run_stepwise"]
