@@ -8,11 +8,11 @@ import numbers
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import ALGORITHMS
+from .algorithms import ALGORITHMS, GENERATORS
 from .ops import check_dtype, parse_op
 from .runtime.backend import NoDevice, NumpyBackend, backend_for
 
-__all__ = ["check_comm", "checked", "checked_timeout"]
+__all__ = ["check_comm", "check_options", "checked", "checked_timeout"]
 
 
 def check_comm(comm, name: str = "allreduce") -> None:
@@ -23,6 +23,20 @@ def check_comm(comm, name: str = "allreduce") -> None:
         raise TypeError(f"ringtree {name}: comm must be an intracommunicator, got a null one: it was freed, or it is "
                         "MPI.COMM_NULL (as Split gives a rank of color MPI.UNDEFINED)")
     raise TypeError(f"ringtree {name}: comm must be an intracommunicator, got {comm!r}")
+
+
+def check_options(name: str, comm, algorithm, segment, check) -> None:
+    """The options of a call of collective `name` other than allreduce, checked."""
+    known = GENERATORS[name]
+    error = None
+    if algorithm != "auto" and algorithm not in known:
+        error = ValueError(f"unknown {name} algorithm {algorithm!r}; use 'auto' or one of {sorted(known)}")
+    elif segment is not None and (isinstance(segment, bool) or not isinstance(segment, int) or segment < 1):
+        error = ValueError(f"segment must be a positive number of bytes, got {segment!r}")
+    elif check is not None and not isinstance(check, bool):
+        error = TypeError(f"check must be True, False or None, got {check!r}")
+    if error is not None:
+        raise type(error)(f"ringtree {name} on rank {comm.Get_rank()}: {error}")
 
 
 def checked(sendbuf, recvbuf, op, comm, algorithm, segment):

@@ -17,9 +17,8 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import settings
-from .algorithms import GENERATORS
 from .allreduce import allreduce, confirm_end
-from .checks import check_comm, checked_timeout
+from .checks import check_comm, check_options, checked_timeout
 from .collective_args import Prepared, prepared
 from .debug import log
 from .ops import ReduceOp
@@ -142,7 +141,7 @@ def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRe
     comm = MPI.COMM_WORLD if comm is None else comm
     with refusing(comm):
         check_comm(comm, name)
-        _check_options(name, comm, algorithm, None, check)
+        check_options(name, comm, algorithm, None, check)
         call = prepared(name, comm, *buffers)
         needs = name in ("reduce_scatter", "allgather") or (name == "reduce" and comm.Get_rank() == call.collective.root)
         if needs and buffers[1] is None:
@@ -230,7 +229,7 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     under `key` (unless None, or the call makes a new result)."""
     with refusing(comm):
         check_comm(comm, name)
-        _check_options(name, comm, algorithm, segment, check)
+        check_options(name, comm, algorithm, segment, check)
         call = prepared(name, comm, *buffers)
         try:
             current = settings.current()
@@ -278,19 +277,6 @@ def _agree(repeat: _Repeat, comm) -> None:
         record, described, what = repeat.agreement
         reliability.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1],
                           lambda record, low, seconds: _agreement(record, low, comm, seconds), what)
-
-
-def _check_options(name, comm, algorithm, segment, check) -> None:
-    known = GENERATORS[name]
-    error = None
-    if algorithm != "auto" and algorithm not in known:
-        error = ValueError(f"unknown {name} algorithm {algorithm!r}; use 'auto' or one of {sorted(known)}")
-    elif segment is not None and (isinstance(segment, bool) or not isinstance(segment, int) or segment < 1):
-        error = ValueError(f"segment must be a positive number of bytes, got {segment!r}")
-    elif check is not None and not isinstance(check, bool):
-        error = TypeError(f"check must be True, False or None, got {check!r}")
-    if error is not None:
-        raise type(error)(f"ringtree {name} on rank {comm.Get_rank()}: {error}")
 
 
 def _agreement(record, low, comm, seconds) -> None:
