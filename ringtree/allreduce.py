@@ -278,7 +278,8 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     if call is None:
         call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
         if call is None:
-            choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment, state.topology)
+            choice = select(target.nbytes, state.size, dtype.name, reduce_op.value, algorithm, segment, state.topology,
+                            timeout is None and backend is NumpyBackend and reduces(dtype, reduce_op))
             call = _plan(state, backend, choice, target, reduce_op, (backend, algorithm, target.size, dtype, reduce_op,
                                                                      segment), algorithm, segment)
     return call, state, source, target, recvbuf, inplace, timeout, trial

@@ -136,7 +136,7 @@ def test_tune_picks_per_algorithm_the_segment_best_where_all_were_tried():
 def _winners(times_by_size: dict[int, dict[str, float]]) -> list[str]:
     from ringtree.commands.tune import winners_from
     mean = {nbytes: {(alg, 0): t for alg, t in times.items()} for nbytes, times in times_by_size.items()}
-    return [alg for _, alg, _, _ in winners_from(mean, ["ring", "tree"], {"ring": 1 << 30, "tree": 1 << 30})]
+    return [alg for _, alg, *_ in winners_from(mean, ["ring", "tree"], {"ring": 1 << 30, "tree": 1 << 30})]
 
 
 def test_tune_puts_a_crossover_where_it_was_measured():
@@ -191,7 +191,8 @@ def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
     old = [_rule(0, 1024, "recursive_doubling"), _rule(1025, 1 << 20, "rabenseifner", 1 << 21),
            _rule((1 << 20) + 1, None, "ring", 1 << 22)]
     # re-tuned 4 KiB to 64 KiB (grid point below: 2 KiB): the ring wins up to 16 KiB, then the tree
-    winners = [(4096, "ring", 1 << 22, 1.0), (16384, "ring", 1 << 22, 1.0), (65536, "tree", 1 << 21, 1.0)]
+    winners = [(4096, "ring", 1 << 22, 1.0, None), (16384, "ring", 1 << 22, 1.0, None),
+               (65536, "tree", 1 << 21, 1.0, None)]
     new = rules_from(winners, LAYOUT, 2048)
     assert new == [_rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21)]
     assert merged_rules(old, new, 2048, 65536) == [
@@ -199,10 +200,35 @@ def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
         _rule(2049, 16384, "ring", 1 << 22), _rule(16385, 65536, "tree", 1 << 21),
         _rule(65537, 1 << 20, "rabenseifner", 1 << 21), _rule((1 << 20) + 1, None, "ring", 1 << 22)]
     # a winner the same as the old rule next to it joins it (an old table's open end stays open)
-    joined = merged_rules(old, rules_from([(1 << 21, "ring", 1 << 22, 1.0)], LAYOUT, 1 << 20),
+    joined = merged_rules(old, rules_from([(1 << 21, "ring", 1 << 22, 1.0, None)], LAYOUT, 1 << 20),
                           1 << 20, 1 << 21)
     assert joined == old
     assert merged_rules(old, [_rule(2049, 4096, "tree")], 2048, 4096)[-1] == old[-1]
+
+
+def test_tune_writes_mpi_s_own_where_it_is_fastest_with_ringtree_s_fastest_for_the_calls_it_cannot_run():
+    from ringtree.commands.tune import rules_from, winners_from
+    from ringtree.tuning.online import NATIVE
+    # MPI's own fastest up to 512 B, then the ring; the tree beats the ring below 4 KiB
+    mean = {1 << k: {("tree", 0): 2.0, ("ring", 0 if k <= 22 else 1 << 22): 3.0 if k < 12 else 1.0,
+                     (NATIVE, 0): 1.5 if k < 12 else 5.0} for k in range(3, 27, 3)}
+    segments = {"ring": 1 << 22, "tree": 1 << 22}
+    winners = winners_from(mean, ["ring", "tree", NATIVE], segments, winners_from(mean, ["ring", "tree"], segments))
+    rules = rules_from(winners, LAYOUT)
+    assert [(rule["bytes"], rule["algorithm"], rule["segment"], rule.get("without_native")) for rule in rules] == [
+        ([0, 512], NATIVE, 0, {"algorithm": "tree", "segment": 0}),
+        ([513, 2 << 20], "ring", 0, None),  # unsplit where its messages fit in one segment
+        ([(2 << 20) + 1, 16 << 20], "ring", 4 << 20, None)]
+    table = selector.TuningTable({"format": selector.FORMAT, "rules": rules}, "test")
+    selector.use_table(table)
+    try:
+        assert selector.select(8, 2, "float32", "sum", native=True)[:2] == (NATIVE, 0)
+        assert selector.select(8, 2, "float16", "avg", native=False)[:2] == ("tree", 0)
+        assert selector.select(1 << 20, 2, "float32", "sum", native=True)[:2] == ("ring", 0)
+    finally:
+        selector.use_table(None)
+    with pytest.raises(ValueError, match="rule 0 takes MPI's own allreduce but names no algorithm"):
+        selector.TuningTable({"format": selector.FORMAT, "rules": [{**rules[0], "without_native": None}]}, "test")
 
 
 def test_the_other_collectives_choose_by_size_at_the_nearest_measured_rank_count():

@@ -8,8 +8,10 @@ against the MPI library's own allreduce. It goes over the grid twice, up and
 then down, and averages. It then fits the α-β-γ model to all the timings, prints which
 algorithm wins from which size, and writes the rules for this rank count into
 the table file, keeping the rules it holds for other rank counts. Native MPI
-is timed at each size too, and the fastest case at each size, native among
-them, goes into the tuning cache (RINGTREE_CACHE_DIR), in the format online
+is timed at each size too, a candidate like the others: where it is fastest,
+the rule takes MPI's own allreduce, with ringtree's fastest algorithm for the
+calls MPI cannot reduce (float16, "avg", GPU arrays). The fastest case at each
+size also goes into the tuning cache (RINGTREE_CACHE_DIR), in the format online
 tuning writes, so a later job on these hosts and ranks starts from it. The
 table rules only the sizes of the grid: others go to online tuning, else to
 the model.
@@ -145,18 +147,16 @@ def run(args: argparse.Namespace) -> None:
             for nbytes, runs in passes.items()}
     if settings.current().tune != "off":
         _keep_in_cache(who, mean)
-    for timed in mean.values():
-        del timed[NATIVE_CASE]  # a candidate of online tuning, not of the table's algorithms
-    measurements = [(alg, nranks, nbytes, seg, seconds)
-                    for nbytes, timed in mean.items() for (alg, seg), seconds in timed.items()]
+    measured = [(alg, nranks, nbytes, seg, seconds) for nbytes, timed in mean.items() for (alg, seg), seconds in timed.items()]
     if args.merge:  # the times of the sizes not re-tuned stay, and the model is fitted to all
-        measurements += [(m["algorithm"], nranks, m["bytes"], m["segment"], m["seconds"])
-                         for m in table["measured"].get(measured_key(layout), []) if m["bytes"] not in mean]
-    params = fit(measurements)
+        measured += [(m["algorithm"], nranks, m["bytes"], m["segment"], m["seconds"])
+                     for m in table["measured"].get(measured_key(layout), []) if m["bytes"] not in mean]
+    ours = [m for m in measured if m[0] != NATIVE]  # ringtree's own: what the model and segments are fitted to
+    params = fit(ours)
     # One segment size per algorithm, then one algorithm per size: auto then runs exactly what a call
     # naming that algorithm runs, and the table has fewer knobs to fit to noise.
-    best_segments = kept_segments or segments_from(measurements)
-    winners = winners_from(mean, algorithms, best_segments)
+    best_segments = kept_segments or segments_from(ours)
+    winners = winners_from(mean, [*algorithms, NATIVE], best_segments, winners_from(mean, algorithms, best_segments))
     if args.merge:
         below = sizes[0] // args.stepfactor if sizes[0] >= args.stepfactor else -1  # the grid point below
         rules = merged_rules([rule for rule in table["rules"] if layout_key(rule) == layout_key(layout)],
@@ -169,11 +169,16 @@ def run(args: argparse.Namespace) -> None:
     print(f"{'from':>10} {'to':>10}  {'algorithm':<19} segment")
     for rule in rules:
         low, high = rule["bytes"]
-        print(f"{low:>10} {high if high is not None else '…':>10}  {rule['algorithm']:<19} "
-              f"{format_size(rule['segment']) if rule['segment'] else 'unsplit'}")
-    print("\nsegment size for an algorithm named in a call: " +
-          ", ".join(f"{name} {format_size(segment)}" for name, segment in best_segments.items()))
-    write_table(args.output, layout, rules, params, best_segments, args.note, measurements)
+        otherwise = rule.get("without_native")
+        print(f"{low:>10} {high if high is not None else '…':>10}  "
+              f"{'MPI' + chr(39) + 's own' if otherwise else rule['algorithm']:<19} "
+              f"{format_size(rule['segment']) if rule['segment'] else 'unsplit'}"
+              + (f"  (where MPI cannot reduce the call: {otherwise['algorithm']}, "
+                 f"{format_size(otherwise['segment']) if otherwise['segment'] else 'unsplit'})" if otherwise else ""))
+    print("\nsegment size for an algorithm named in a call: " + (
+        ", ".join(f"{name} {format_size(segment)}" for name, segment in best_segments.items()) if best_segments else
+        f"not measured (no size of the grid is cut in segments), so the default, {format_size(SEGMENT_BYTES)}"))
+    write_table(args.output, layout, rules, params, best_segments, args.note, measured)
     covered = [rule["bytes"] for rule in rules]
     print(f"\nthe table rules sizes up to {format_size(covered[-1][1])} on {nranks} ranks; "
           "other sizes go to online tuning (RINGTREE_TUNE=online, the default), else to the fitted model")
@@ -215,25 +220,27 @@ def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tupl
 
 
 def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list[str],
-                 best_segments: dict[str, int]) -> list[tuple[int, str, int, float]]:
-    """(size, algorithm, segment, seconds) for each size of `mean` (size -> (algorithm, segment) ->
-    seconds), ascending: each algorithm with its one segment size (unsplit where the message is no
-    larger), the fastest at each size, except that a lone size between two of another winner takes
-    theirs where that is within BLIP_WITHIN. A crossover stays where it was measured."""
+                 best_segments: dict[str, int], without_native: list | None = None) -> list[tuple]:
+    """(size, algorithm, segment, seconds, and where it is NATIVE the winner of `without_native` at
+    that size) for each size of `mean` (size -> (algorithm, segment) -> seconds), ascending: each
+    algorithm with its one segment size, unsplit where the message is no larger, the fastest at each
+    size, except that a lone size between two of another winner takes theirs where that is within
+    BLIP_WITHIN. A crossover stays where it was measured."""
     sizes = sorted(mean)
     time_of = []
     for nbytes in sizes:
         cases = {alg: _case(alg, nbytes, best_segments) for alg in algorithms}
         time_of.append({alg: mean[nbytes][case] for alg, case in cases.items() if case in mean[nbytes]})
     chosen = smoothed(time_of)
-    return [(nbytes, alg, best_segments.get(alg, SEGMENT_BYTES), times[alg])
-            for nbytes, alg, times in zip(sizes, chosen, time_of)]
+    return [(nbytes, *_case(alg, nbytes, best_segments), times[alg],
+             without_native[k] if alg == NATIVE else None)
+            for k, (nbytes, alg, times) in enumerate(zip(sizes, chosen, time_of))]
 
 
 def _case(algorithm: str, nbytes: int, segments: dict[str, int]) -> tuple[str, int]:
     """(algorithm, segment) as a call of `nbytes` naming it runs with these segment sizes: unsplit
-    where the message is no larger than its segment."""
-    segment = segments.get(algorithm, SEGMENT_BYTES)
+    where the message is no larger than its segment; MPI's own unsplit always."""
+    segment = segments.get(algorithm, SEGMENT_BYTES) if algorithm != NATIVE else 0
     return algorithm, segment if nbytes > segment else 0
 
 
@@ -256,19 +263,28 @@ def layout_key(rule: dict) -> tuple:
     return (tuple(rule["ranks"]), tuple(rule.get("nodes", (1, 1))), tuple(rule.get("ranks_per_node", rule["ranks"])))
 
 
-def rules_from(winners: list[tuple[int, str, int, float]], layout: dict, previous: int = -1) -> list[dict]:
-    """Rules for one layout from the winner at each size: runs of one winner become one rule,
-    covering the sizes above the previous grid point (the first: above `previous`) up to its last
-    grid point. No rule goes past the largest size measured: a table rules only what it measured."""
+def rules_from(winners: list[tuple], layout: dict, previous: int = -1) -> list[dict]:
+    """Rules for one layout from the winner at each size (winners_from): runs of one winner become
+    one rule, covering the sizes above the previous grid point (the first: above `previous`) up to
+    its last grid point; a rule of MPI's own names ringtree's winner for the calls MPI cannot run.
+    No rule goes past the largest size measured: a table rules only what it measured."""
     rules: list[dict] = []
-    for nbytes, algorithm, segment, _ in winners:
-        if rules and (rules[-1]["algorithm"], rules[-1]["segment"]) == (algorithm, segment):
+    for nbytes, algorithm, segment, _, otherwise in winners:
+        rule = {"algorithm": algorithm, "segment": segment}
+        if otherwise is not None:
+            rule["without_native"] = {"algorithm": otherwise[1], "segment": otherwise[2]}
+        if rules and _same(rules[-1], rule):
             rules[-1]["bytes"][1] = nbytes
         else:
             rules.append({**{key: list(value) for key, value in layout.items()}, "bytes": [previous + 1, nbytes],
-                          "algorithm": algorithm, "segment": segment})
+                          **rule})
         previous = nbytes
     return rules
+
+
+def _same(rule: dict, other: dict) -> bool:
+    """Whether two neighbouring rules choose alike, so that they can be one."""
+    return all(rule.get(key) == other.get(key) for key in ("algorithm", "segment", "without_native"))
 
 
 def merged_rules(old: list[dict], new: list[dict], low: int, high: int) -> list[dict]:
@@ -282,7 +298,7 @@ def merged_rules(old: list[dict], new: list[dict], low: int, high: int) -> list[
              if upper(rule) > high]
     rules: list[dict] = []
     for rule in below + new + above:
-        if rules and (rules[-1]["algorithm"], rules[-1]["segment"]) == (rule["algorithm"], rule["segment"]):
+        if rules and _same(rules[-1], rule):
             rules[-1]["bytes"][1] = rule["bytes"][1]
         else:
             rules.append({**rule, "bytes": list(rule["bytes"])})

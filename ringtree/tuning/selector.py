@@ -8,12 +8,15 @@ The table is JSON, rules tried in order, the first that matches wins (as in
 Open MPI's dynamic rules):
 
     {"format": "ringtree-tuning-1", "note": "where and how it was measured",
-     "rules": [{"ranks": [2, 2], "bytes": [0, 65536], "algorithm": "recursive_doubling", "segment": 0},
+     "rules": [{"ranks": [2, 2], "bytes": [0, 4096], "algorithm": "native", "segment": 0,
+                "without_native": {"algorithm": "recursive_doubling", "segment": 0}},
+               {"ranks": [2, 2], "bytes": [4097, 65536], "algorithm": "recursive_doubling", "segment": 0},
                {"ranks": [4, 4], "nodes": [2, 2], "ranks_per_node": [2, 2], "bytes": [65537, null],
                 "algorithm": "hierarchical", "segment": 1048576},
                ...],                      # bytes, ranks, nodes, ranks_per_node (the most on any node):
                                           # inclusive, null for no upper bound; nodes and ranks_per_node
-                                          # left out: any; segment 0: unsplit
+                                          # left out: any; segment 0: unsplit; "native": MPI's own,
+                                          # "without_native" for calls it cannot run
      "models": {"2": {"alpha": 4e-06, "beta": 3e-10, "gamma": 2e-10}, ...},
      "segments": {"2": {"ring": 4194304, "double_tree": 2097152, ...}, ...},
      "measured": {"2": [{"bytes": 8, "algorithm": "ring", "segment": 0, "seconds": 2.1e-05}, ...], ...},
@@ -84,8 +87,14 @@ class TuningTable:
             raise ValueError(f"{origin}: not a ringtree tuning table (format {data.get('format')!r}, "
                              f"expected {FORMAT!r})")
         for i, rule in enumerate(data.get("rules", [])):
-            if rule.get("algorithm") not in ALGORITHMS:
-                raise ValueError(f"{origin}: rule {i} names unknown algorithm {rule.get('algorithm')!r}")
+            if not isinstance(rule, dict) or rule.get("algorithm") not in (*ALGORITHMS, NATIVE):
+                raise ValueError(f"{origin}: rule {i} names unknown algorithm "
+                                 f"{rule.get('algorithm') if isinstance(rule, dict) else rule!r}")
+            otherwise = rule.get("without_native")
+            if rule["algorithm"] == NATIVE and (otherwise.get("algorithm") if isinstance(otherwise, dict)
+                                                else None) not in ALGORITHMS:
+                raise ValueError(f"{origin}: rule {i} takes MPI's own allreduce but names no algorithm of ringtree's "
+                                 "in \"without_native\" for the calls MPI cannot reduce")
         self.collectives = {name: {int(n): lists for n, lists in by_ranks.items()}
                             for name, by_ranks in data.get("collectives", {}).items()}
         _check_collectives(self.collectives, origin)
@@ -206,9 +215,11 @@ def identity() -> str:
 
 
 def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = None,
-           algorithm: str = "auto", segment: int | None = None, topology: Topology | None = None) -> Choice:
+           algorithm: str = "auto", segment: int | None = None, topology: Topology | None = None,
+           native: bool = False) -> Choice:
     """The algorithm and segment size for an allreduce of `nbytes` on `nranks` ranks, laid out on
-    nodes as `topology` says (None: one node)."""
+    nodes as `topology` says (None: one node). `native`: MPI's own allreduce can run the call, where
+    a rule of the table takes it."""
     source = "call"
     across = topology is not None and topology.nodes > 1  # the table's model and segments are of one node
     if algorithm == "auto":
@@ -218,6 +229,8 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
         found = table().match(nbytes, nranks, dtype, op, topology)
         if found is not None:
             i, rule = found
+            if rule["algorithm"] == NATIVE and not native:
+                rule = rule["without_native"]
             algorithm, source = rule["algorithm"], f"table {table().origin} rule {i}"
             if segment is None:
                 segment = rule.get("segment", 0) or nbytes
