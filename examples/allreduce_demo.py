@@ -1,6 +1,9 @@
 """Allreduce one array with ringtree's ring, tree and auto choice, check it, and say what happened.
 
     mpiexec -n 4 python examples/allreduce_demo.py [--count N] [--op sum|prod|min|max|avg]
+
+auto is timed once online tuning has tried its candidates on the first calls of this kind of call
+and committed to one (docs/algorithms.md), which the table names.
 """
 
 import argparse
@@ -12,7 +15,11 @@ from mpi4py import MPI
 
 from ringtree.algorithms import ALGORITHMS
 from ringtree.allreduce import allreduce
+from ringtree.ops import parse_op
+from ringtree.runtime.native import reduces
+from ringtree.runtime.state import comm_state
 from ringtree.schedule import OpKind
+from ringtree.tuning.online import NATIVE, key_of
 from ringtree.tuning.selector import select
 
 NATIVE_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
@@ -34,10 +41,10 @@ def main() -> None:
     if rank == 0:
         print(f"allreduce of {args.count:,} float32 ({data.nbytes / 2**20:.1f} MiB) per rank, op={args.op}, "
               f"{size} ranks, {MPI.Get_library_version().splitlines()[0].strip()}")
-        print(f"{'algorithm':>10} {'rank 0 sends':>13} {'MiB':>7} {'median ms':>10} {'native ms':>10}  result")
+        print(f"{'algorithm':>18} {'rank 0 sends':>13} {'MiB':>7} {'median ms':>10} {'native ms':>10}  result")
     everything_right = True
     for choice in ("ring", "tree", "auto"):
-        algorithm = select(data.nbytes, size, data.dtype.name, args.op).algorithm if choice == "auto" else choice
+        algorithm = settled_auto(comm, data, args.op) if choice == "auto" else choice
         ours = timed(comm, args.repeat, lambda choice=choice: allreduce(data, op=args.op, algorithm=choice))
         native = timed(comm, args.repeat, lambda: native_allreduce(comm, data, args.op))
         result = allreduce(data, op=args.op, algorithm=choice)
@@ -45,14 +52,30 @@ def main() -> None:
         identical = len(set(comm.allgather(hashlib.sha256(result.tobytes()).digest()))) == 1
         everything_right &= correct and identical
         if rank == 0:
-            sends = [op for op in ALGORITHMS[algorithm](size, 0, data.size).ops if op.kind is OpKind.SEND]
-            mib = sum(op.src.count for op in sends) * data.itemsize / 2**20
+            if algorithm == NATIVE:  # MPI's own: its messages are MPI's business
+                sent = f"{'-':>13} {'-':>7}"
+            else:
+                sends = [op for op in ALGORITHMS[algorithm](size, 0, data.size).ops if op.kind is OpKind.SEND]
+                sent = f"{len(sends):>13} {sum(op.src.count for op in sends) * data.itemsize / 2**20:>7.2f}"
             name = f"auto={algorithm}" if choice == "auto" else algorithm
             verdict = ("equal to MPI_Allreduce" if correct else "DIFFERS from MPI_Allreduce") + \
                 (", identical on all ranks" if identical else ", NOT identical on all ranks")
-            print(f"{name:>10} {len(sends):>13} {mib:>7.2f} {ours * 1e3:>10.2f} {native * 1e3:>10.2f}  {verdict}")
+            print(f"{name:>18} {sent} {ours * 1e3:>10.2f} {native * 1e3:>10.2f}  {verdict}")
     if not everything_right:
         raise SystemExit(1)
+
+
+def settled_auto(comm, data, op) -> str:
+    """Make the calls with which online tuning tries auto's candidates for this kind of call (size
+    class, out of place, element size, whether MPI's own can run it), until it commits to one; the
+    algorithm auto then runs ("native": MPI's own)."""
+    tuner = comm_state(comm).tuner  # None with RINGTREE_TUNE=off
+    key = key_of(data.nbytes, False, data.itemsize, reduces(data.dtype, parse_op(op)))
+    while tuner is not None and key not in tuner.committed:
+        allreduce(data, op=op)
+    if tuner is not None:
+        return tuner.committed[key].algorithm
+    return select(data.nbytes, comm.Get_size(), data.dtype.name, op, native=reduces(data.dtype, parse_op(op))).algorithm
 
 
 def native_allreduce(comm, data, op):

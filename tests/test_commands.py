@@ -366,3 +366,15 @@ def test_every_script_imports_and_refuses_a_bad_argument_with_a_usage_error(scri
     refused = subprocess.run([sys.executable, str(path), "--no-such-option"], capture_output=True, text=True,
                              timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+
+
+def test_the_demo_times_auto_once_it_has_committed_and_names_what_it_runs(tmp_path):
+    demo = Path(__file__).parent.parent / "examples" / "allreduce_demo.py"
+    run = run_mpiexec(2, str(demo), "--count", "1000", "--repeat", "3", env={"RINGTREE_CACHE_DIR": str(tmp_path),
+                                                                            "RINGTREE_DEBUG": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    committed = [line for line in run.stderr.splitlines() if "committed to" in line]
+    auto = next(line.split()[0] for line in run.stdout.splitlines() if line.strip().startswith("auto="))
+    # the trials all came before the timed calls: what the demo names is what online tuning committed to
+    assert len(committed) == 1 and committed[0].split("committed to ")[1].split(";")[0].startswith(auto[5:]), \
+        run.stdout + run.stderr
