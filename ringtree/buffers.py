@@ -291,9 +291,20 @@ def datatype_name(datatype) -> str:
 NOT_FOR_ALLREDUCE = (MPI.OP_NULL, MPI.REPLACE, MPI.NO_OP)
 
 
+# The pairs of a value and an index that MAXLOC and MINLOC reduce.
+PAIRS = (MPI.FLOAT_INT, MPI.DOUBLE_INT, MPI.LONG_INT, MPI.TWOINT, MPI.SHORT_INT, MPI.LONG_DOUBLE_INT)
+
+
 def passes_through(op, *specs) -> str | None:
     """Why MPI's own collective, not ringtree, must reduce a call (None: ringtree can): an op that
-    ringtree does not compute (user-defined, MAXLOC, MINLOC, ...), or a datatype that is not a number."""
+    ringtree does not compute (user-defined, MAXLOC, MINLOC, ...), or a datatype that is not a number.
+    MAXLOC and MINLOC of anything but pairs is a TypeError, as no MPI reduces them."""
+    if op is MPI.MAXLOC or op is MPI.MINLOC:
+        given = [spec[-1] for spec in specs if isinstance(spec, (list, tuple)) and spec]
+        if not any(datatype in PAIRS for datatype in given):
+            raise TypeError(f"op {op_name(op)} reduces pairs of a value and an index: give the buffers with a pair "
+                            "datatype, e.g. [buf, MPI.DOUBLE_INT] (MPI.FLOAT_INT, LONG_INT, TWOINT, SHORT_INT, "
+                            "LONG_DOUBLE_INT)")
     if isinstance(op, MPI.Op) and op not in NOT_FOR_ALLREDUCE:
         try:
             parse_op(op)

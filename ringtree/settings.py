@@ -112,6 +112,17 @@ def _topology(text: str) -> str:
     return text
 
 
+def _timeline(text: str) -> str:
+    """A trace path template whose folder exists and may be written: else the traces would be lost
+    at exit, with nothing said."""
+    folder = os.path.dirname(text.replace("{rank}", "0")) or "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"there is no folder {folder} to write the traces in")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"the folder {folder} may not be written")
+    return text
+
+
 def _cuda_aware(text: str) -> bool:
     if text not in ("0", "1"):
         raise ValueError
@@ -124,7 +135,8 @@ VARIABLES = (
     Variable("RINGTREE_DEBUG", "debug", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_CHECK", "check", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_TIMEOUT", "timeout", "a positive number of seconds", _seconds),
-    Variable("RINGTREE_TIMELINE", "timeline", "a path, where {rank} stands for the rank", str),
+    Variable("RINGTREE_TIMELINE", "timeline", "a path in a folder that exists, where {rank} stands for the rank",
+             _timeline),
     Variable("RINGTREE_GPU_HOST_MAX", "gpu_host_max", "a whole number of bytes, 0 or more", _bytes),
     Variable("RINGTREE_CUDA_AWARE", "cuda_aware", "0 or 1", _cuda_aware),
     Variable("RINGTREE_TUNE", "tune", "online, cache or off", _tune),
@@ -134,6 +146,9 @@ VARIABLES = (
     Variable("RINGTREE_TRANSPORT", "transport", "auto, ipc, direct or staged", _transport),
     Variable("RINGTREE_STALL_WARNING", "stall_warning", "a positive number of seconds, or 0 or off", _stall_warning),
 )
+
+
+_SAYS_WHY = (_timeline,)  # parsers whose ValueError says what is wrong
 
 
 def read(environ=None) -> Settings:
@@ -146,9 +161,10 @@ def read(environ=None) -> Settings:
             continue
         try:
             values[variable.field] = variable.parse(text)
-        except ValueError:
+        except ValueError as error:
+            why = str(error) if variable.parse in _SAYS_WHY else ""  # float()'s and int()'s own words say less
             raise SettingError(f"{variable.name}={text!r} is not a value ringtree takes; "
-                               f"it takes {variable.values}") from None
+                               f"it takes {variable.values}" + (f": {why}" if why else "")) from None
     caches = environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(environ.get("HOME") or os.path.expanduser("~"),
                                                                        ".cache")
     values.setdefault("cache_dir", os.path.join(caches, "ringtree"))

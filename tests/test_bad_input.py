@@ -38,6 +38,8 @@ CASES = [
     ("avg on integers", lambda: np.ones(4, np.int32), None, {"op": "avg"}, TypeError, "avg is not defined"),
     ("SUM on bool", lambda: np.ones(4, bool), None, {"op": MPI.SUM}, TypeError, "sum is not defined for dtype bool"),
     ("LAND on floats", lambda: np.ones(4), None, {"op": MPI.LAND}, TypeError, "land is not defined"),
+    ("MAXLOC on floats", lambda: np.ones(4), None, {"op": MPI.MAXLOC}, TypeError,
+     "op MPI.MAXLOC reduces pairs of a value and an index"),
     ("unknown op string", lambda: np.ones(4), None, {"op": "mean"}, ValueError, "unknown op 'mean'"),
     ("op of the wrong type", lambda: np.ones(4), None, {"op": 3}, TypeError, "op must be an MPI.Op or a string"),
     ("unknown algorithm", lambda: np.ones(4), None, {"algorithm": "butterfly"}, ValueError,

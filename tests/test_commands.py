@@ -88,6 +88,14 @@ def test_timeline_shows_receives_overlapping_reductions(tmp_path):
     from ringtree.commands import main
     main(["timeline-merge", "-o", str(merged), str(tmp_path / "trace.rank0.json"), str(tmp_path / "trace.rank1.json")])
     events = [e for e in json.loads(merged.read_text())["traceEvents"] if e["ph"] == "X"]
+    calls = sorted({e["args"]["call"] for e in events})
+    plotted = subprocess.run([sys.executable, "-m", "ringtree", "plot", "--timeline", str(merged), "--call",
+                              str(calls[0]), "-o", str(tmp_path / "first.png")], capture_output=True, text=True)
+    assert plotted.returncode == 0 and (tmp_path / "first.png").exists(), plotted.stderr
+    assert f"wrote {tmp_path / 'first.png'}: call {calls[0]} of the trace's calls" in plotted.stdout
+    plotted = subprocess.run([sys.executable, "-m", "ringtree", "plot", "--timeline", str(merged)], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert f"wrote timeline.svg: call {calls[-1]} of" in plotted.stdout and "--call N for another" in plotted.stdout
     assert {e["pid"] for e in events} == {0, 1}
     for rank in (0, 1):
         mine = [e for e in events if e["pid"] == rank]
@@ -323,6 +331,10 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1M", "--segment", "64K", "--stepwise"],
      "--stepwise runs unsegmented schedules only"),
     (["plot", "TRACE"], "a trace: plot it with --timeline"),
+    (["plot", "BENCH", "-o", "x.txt"], "argument -o/--output: x.txt: an image file's name ends in one of .svg, .png"),
+    (["plot", "BENCH", "-o", "noext"], "noext: an image file's name ends in one of .svg, .png, .pdf"),
+    (["plot", "BENCH", "--call", "3"], "--call picks a call of a trace: give --timeline too"),
+    (["draw", "--algorithm", "ring", "-o", "out.txt"], "out.txt: an image file's name ends in one of .svg"),
     (["plot", "--timeline", "missing.json"], "argument FILE: cannot read missing.json"),
     (["timeline-merge", "-o", "OUT", "BENCH"], "every file must be a trace written under RINGTREE_TIMELINE"),
     (["calibrate", "--refit", "TRACE", "-o", "OUT"], "--refit TRACE: not a file written by `python -m ringtree calibrate`"),
@@ -378,3 +390,17 @@ def test_the_demo_times_auto_once_it_has_committed_and_names_what_it_runs(tmp_pa
     # the trials all came before the timed calls: what the demo names is what online tuning committed to
     assert len(committed) == 1 and committed[0].split("committed to ")[1].split(";")[0].startswith(auto[5:]), \
         run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("command", [["plot", "BENCH"], ["draw", "--algorithm", "ring"]])
+def test_plot_and_draw_without_matplotlib_say_how_to_get_it(tmp_path, command):
+    hidden = tmp_path / "hidden" / "matplotlib"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": []}))
+    run = subprocess.run([sys.executable, "-m", "ringtree", *[str(bench) if word == "BENCH" else word for word in command]],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(hidden.parent)})
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "need matplotlib: pip install 'ringtree[plot]'" in run.stderr

@@ -121,3 +121,26 @@ def test_a_bad_value_on_one_rank_alone_is_an_error_on_every_rank_not_a_hang():
     for rank, caught in enumerate(json.loads(run.stdout)):
         assert caught.startswith(f"MismatchError: ringtree on rank {rank}: ranks of MPI_COMM_WORLD")
         assert "ranks [1]: no usable settings (RINGTREE_TIMEOUT='abc' is not a value ringtree takes" in caught
+
+
+@pytest.mark.parametrize("template, why", [("/nonexistent/dir/t.json", "there is no folder /nonexistent/dir"),
+                                           ("/nonexistent/{rank}/t.json", "there is no folder /nonexistent/0")])
+def test_a_timeline_that_could_not_be_written_is_refused_at_the_first_call_not_lost_at_exit(template, why):
+    with pytest.raises(settings.SettingError, match=f"RINGTREE_TIMELINE={template!r} is not a value ringtree "
+                                                    f"takes; it takes a path in a folder that exists.*: {why}"):
+        settings.read({"RINGTREE_TIMELINE": template})
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs processes of its own")
+def test_a_tuning_file_that_is_not_a_table_is_a_setting_error_naming_the_variable(tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": [], "ranks": 2}))
+    code = ("import numpy as np, ringtree\n"
+            "try:\n"
+            "    ringtree.allreduce(np.ones(3))\n"
+            "except ringtree.SettingError as error:\n"
+            "    print(error)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RINGTREE_TUNING_FILE": str(bench)})
+    assert run.returncode == 0, run.stderr
+    assert f"RINGTREE_TUNING_FILE={str(bench)!r}: bench.json: not a ringtree tuning table" in run.stdout

@@ -146,6 +146,32 @@ def output_path(text: str) -> str:
     return text
 
 
+IMAGE_FORMATS = ("svg", "png", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "svgz")  # matplotlib writes
+
+
+def image_path(text: str) -> str:
+    """An argparse type: an image file a command will write, its format named by its extension."""
+    path = output_path(text)
+    extension = os.path.splitext(path)[1].lstrip(".").lower()
+    if extension not in IMAGE_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"{text}: an image file's name ends in one of .{', .'.join(IMAGE_FORMATS)}, "
+            + (f"not .{extension}" if extension else "and this one has no extension"))
+    return path
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing into files; where matplotlib is not installed, a clear error."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("python -m ringtree plot and draw need matplotlib: pip install 'ringtree[plot]' "
+                         "(or pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def layout(text: str) -> list[int]:
     """An argparse type: ranks per node, as 2,2 or 2,1,2."""
     from ..schedule.topology import Topology

@@ -18,7 +18,17 @@ from ..schedule import OpKind
 from ..sim import Costs, simulate
 from ..sim.flat import flat_schedules
 from ..sim.simulator import collective_of
-from .arguments import UsageError, add_layout_arguments, at_least, format_size, one_of, output_path, parse_size, topology_from
+from .arguments import (
+    UsageError,
+    add_layout_arguments,
+    at_least,
+    format_size,
+    image_path,
+    one_of,
+    parse_size,
+    pyplot,
+    topology_from,
+)
 
 MAX_RANKS = 32
 MAX_MESSAGES = 1000
@@ -37,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--segment", type=at_least(0, parse_size), default=0,
                         help="pipeline segments of this many bytes (default: not segmented)")
     add_layout_arguments(parser)
-    parser.add_argument("-o", "--output", type=output_path, default=None,
-                        help="image file, .svg or .png (default: ALGORITHM.svg)")
+    parser.add_argument("-o", "--output", type=image_path, default=None,
+                        help="image file, its format by its extension: .svg, .png, .pdf, ... (default: ALGORITHM.svg)")
 
 
 def check(args: argparse.Namespace) -> None:
@@ -76,8 +86,10 @@ def _nbytes(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> None:
     segment = max(1, args.segment // args.itemsize) if args.segment else 0
     name = args.algorithm if args.collective == "allreduce" else f"{args.collective}-{args.algorithm}"
-    draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, args.output or f"{name}.svg",
+    output = args.output or f"{name}.svg"
+    draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, output,
          segment=segment, collective=args.collective, root=args.root, topology=topology_from(args, args.ranks))
+    print(f"wrote {output}")
 
 
 def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0, collective: str = "allreduce",
@@ -85,10 +97,7 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0,
     """Draw `algorithm` (of `collective`, from `root`) on `nranks` ranks for `count` elements, `segment`
     elements per segment. With a `topology` of several nodes, the lanes go node by node, each node
     shaded, and a message between nodes also waits for its nodes' links (one message each way)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     nodes = topology is not None and topology.nodes > 1
     costs = Costs(alpha=1.0, beta=0.0, gamma=0.25 / max(count, 1), between_nodes=(1.0, 0.0) if nodes else None)
     result = simulate(algorithm, nranks, count, costs, itemsize=1, segment=segment, trace=True, collective=collective,
@@ -112,8 +121,9 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0,
         if event.kind == "send":
             ax.annotate("", xy=(event.finish, event.peer), xytext=(event.start, event.rank),
                         arrowprops=dict(arrowstyle="-|>", color="tab:blue", lw=1.2, shrinkA=3, shrinkB=3))
-            middle = (event.start + event.finish) / 2, (event.rank + event.peer) / 2
-            ax.text(*middle, label, fontsize=7, ha="center", va="center", color="tab:blue",
+            # A third of the way along: the two arrows of an exchange cross at their middles.
+            along = (2 * event.start + event.finish) / 3, (2 * event.rank + event.peer) / 3
+            ax.text(*along, label, fontsize=7, ha="center", va="center", color="tab:blue",
                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none"))
         elif event.kind in ("reduce", "copy"):
             reduce = event.kind == "reduce"
@@ -133,10 +143,9 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0,
     sent = result.bytes_sent
     what = algorithm if collective == "allreduce" else f"{collective} {algorithm}" + (
         f" from root {root}" if collective in ("broadcast", "reduce") else "")
-    ax.set_title(f"{what}, {nranks} ranks" + (f" ({topology})" if nodes else "") + f", {count} elements: "
-                 f"{result.time:g} steps; "
-                 f"elements sent per rank {min(sent)}" + (f"–{max(sent)}" if max(sent) != min(sent) else ""),
-                 fontsize=9)
+    ax.set_title(f"{what}, {nranks} ranks" + (f" ({topology})" if nodes else "") + f", {count} elements\n"
+                 f"{result.time:g} steps; elements sent per rank {min(sent)}"
+                 + (f"–{max(sent)}" if max(sent) != min(sent) else ""), fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=7, frameon=False)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)

@@ -5,22 +5,31 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import UsageError, json_file, output_path
+from .arguments import UsageError, image_path, json_file, pyplot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", nargs="+", type=json_file, metavar="FILE",
                         help="JSON files written by bench --json (or, with --timeline, one merged trace)")
-    parser.add_argument("-o", "--output", type=output_path, default="busbw.svg", help="image file (.svg or .png)")
+    parser.add_argument("-o", "--output", type=image_path, default=None,
+                        help="image file, its format by its extension: .svg, .png, .pdf, ... (default: busbw.svg, "
+                        "or timeline.svg with --timeline)")
     parser.add_argument("--timeline", action="store_true", help="the input is a merged RINGTREE_TIMELINE trace")
+    parser.add_argument("--call", type=int, default=None, metavar="N",
+                        help="with --timeline: the call to draw, by its number in the trace (default: the last)")
 
 
 def check(args: argparse.Namespace) -> None:
+    if args.call is not None and not args.timeline:
+        raise UsageError("--call picks a call of a trace: give --timeline too")
     if args.timeline:
         if len(args.results) != 1 or "traceEvents" not in args.results[0]:
             raise UsageError("--timeline takes one trace merged by `python -m ringtree timeline-merge`")
-        if not any(event.get("ph") == "X" for event in args.results[0]["traceEvents"]):
+        calls = _calls(args.results[0])
+        if not calls:
             raise UsageError("the trace holds no ops")
+        if args.call is not None and args.call not in calls:
+            raise UsageError(f"--call {args.call}: the trace holds calls {_numbers(calls)}")
     elif any("rows" not in result for result in args.results):
         traces = any("traceEvents" in result for result in args.results)
         raise UsageError("a trace: plot it with --timeline" if traces else
@@ -29,17 +38,34 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.timeline:
-        plot_timeline(args.results[0], args.output)
+        calls = _calls(args.results[0])
+        call = calls[-1] if args.call is None else args.call
+        output = args.output or "timeline.svg"
+        plot_timeline(args.results[0], output, call)
+        print(f"wrote {output}: call {call} of the trace's calls {_numbers(calls)}"
+              + (" (--call N for another)" if len(calls) > 1 and args.call is None else ""))
     else:
-        plot(args.results, args.output)
+        output = args.output or "busbw.svg"
+        plot(args.results, output)
+        print(f"wrote {output}")
+
+
+def _calls(trace: dict) -> list[int]:
+    """The calls a merged trace holds, by number on their communicator, ascending."""
+    return sorted({_call(event) for event in trace["traceEvents"] if event.get("ph") == "X"})
+
+
+def _call(event: dict) -> int:
+    return event["args"].get("call", event["args"]["tag"])  # a trace of an older ringtree has the tag only
+
+
+def _numbers(calls: list[int]) -> str:
+    return ", ".join(map(str, calls)) if len(calls) <= 8 else f"{calls[0]} to {calls[-1]} ({len(calls)} calls)"
 
 
 def plot(results: list[dict], output: str) -> None:
     """One panel per bench result: busbw against size, a line per algorithm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.5), squeeze=False)
     for ax, result in zip(axes[0], results):
@@ -62,17 +88,11 @@ def plot(results: list[dict], output: str) -> None:
     fig.savefig(output)
 
 
-def plot_timeline(trace: dict, output: str) -> None:
-    """One lane per rank and kind of op (send, recv, reduce, copy), a bar per op, for the last
-    collective in a merged trace."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    last = max(e["args"]["tag"] for e in events)
-    events = [e for e in events if e["args"]["tag"] == last]
+def plot_timeline(trace: dict, output: str, call: int) -> None:
+    """One lane per rank and kind of op (send, recv, reduce, copy), a bar per op, for collective
+    `call` (its tag) in a merged trace."""
+    plt = pyplot()
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X" and _call(e) == call]
     start = min(e["ts"] for e in events)
     kinds = ["send", "recv", "reduce", "copy"]
     colours = dict(zip(kinds, ["tab:blue", "tab:orange", "tab:green", "tab:grey"]))

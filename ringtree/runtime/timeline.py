@@ -58,7 +58,7 @@ def _record(execution, i: int, start: float) -> None:
     _events.append({
         "name": name, "cat": schedule.algorithm, "ph": "X", "ts": start, "dur": max(now() - start, 0.01),
         "tid": LANES[str(op.kind)],
-        "args": {"op": i, "tag": execution.tag, "detail": str(op)},
+        "args": {"op": i, "call": execution.seq, "tag": execution.tag, "detail": str(op)},
     })
 
 

@@ -83,9 +83,9 @@ class TuningTable:
     """Rules and fitted models, as loaded from a table file."""
 
     def __init__(self, data: dict, origin: str) -> None:
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{origin}: not a ringtree tuning table (format {data.get('format')!r}, "
-                             f"expected {FORMAT!r})")
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"{origin}: not a ringtree tuning table (format {found!r}, expected {FORMAT!r})")
         for i, rule in enumerate(data.get("rules", [])):
             if not isinstance(rule, dict) or rule.get("algorithm") not in (*ALGORITHMS, NATIVE):
                 raise ValueError(f"{origin}: rule {i} names unknown algorithm "
@@ -179,6 +179,9 @@ def default_table() -> TuningTable:
             return TuningTable.load(path)
         except OSError as error:
             raise settings.SettingError(f"RINGTREE_TUNING_FILE={path!r}: {error.strerror}") from None
+        except ValueError as error:  # not JSON, or not a table (a bench's results, say)
+            raise settings.SettingError(f"RINGTREE_TUNING_FILE={path!r}: {error}; it takes a table written by "
+                                        "`python -m ringtree tune`") from None
     return packaged_table()
 
 
