@@ -23,8 +23,7 @@ sim/          the simulator, its calibration, the verifier (no MPI)
 commands/     python -m ringtree ...; nothing imports them
 """
 
-from . import allreduce  # the module, callable as its allreduce()
-from .allreduce import Request, iallreduce
+from .allreduce import Request, allreduce, iallreduce  # ringtree.allreduce: the function (its module: sys.modules)
 from .buckets import GradientBucketer
 from .collectives import (
     allgather,

@@ -6,10 +6,7 @@ input raises TypeError or ValueError and leaves the buffers untouched.
 
 from __future__ import annotations
 
-import inspect
-import sys
 import time
-import types
 from functools import partial
 from typing import NamedTuple
 
@@ -20,7 +17,7 @@ from . import settings
 from .buffers import converted_call, is_plain_call
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
-from .ops import ReduceOp, known_op, parse_op
+from .ops import ReduceOp, known_op, named_defaults, parse_op
 from .request import Request
 from .runtime import reliability, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repeat_of, steps_runner
@@ -378,14 +375,4 @@ def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -
     return Request(execution, recvbuf)
 
 
-class _CallableModule(types.ModuleType):
-    """This module, callable as its `allreduce`: `ringtree.allreduce(x)` works, and so do
-    `import ringtree.allreduce` and `from ringtree.allreduce import allreduce`."""
-
-    __signature__ = inspect.signature(allreduce)
-
-    def __call__(self, *args, **kwargs):
-        return allreduce(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+named_defaults(allreduce, iallreduce)

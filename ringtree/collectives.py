@@ -21,7 +21,7 @@ from .allreduce import allreduce, confirm_end
 from .checks import check_comm, check_options, checked_timeout
 from .collective_args import Prepared, prepared
 from .debug import log
-from .ops import ReduceOp
+from .ops import ReduceOp, named_defaults
 from .persistent import PersistentRequest
 from .request import Request
 from .runtime import reliability, timeline
@@ -390,3 +390,6 @@ def _native_start(call: Prepared, op):
 def _typed(array):
     """`array` as MPI takes it: itself where every MPI has its dtype, else its bytes."""
     return array if array.dtype.isnative and array.dtype.char in "?bBhHiIlLqQfdFD" else [array.view(np.uint8), MPI.BYTE]
+
+
+named_defaults(reduce_scatter, ireduce_scatter, reduce_scatter_init, reduce, ireduce, reduce_init)

@@ -9,6 +9,7 @@ from . import collectives
 from .allreduce import allreduce, iallreduce
 from .debug import configure_debug_logging, log
 from .mpi_style import translated
+from .ops import named_defaults
 from .persistent import PersistentRequest, allreduce_init
 from .request import MPIRequest, Request
 from .runtime.native import MPIOwn
@@ -179,3 +180,6 @@ class Communicator(MPI.Intracomm):
 
     def __repr__(self) -> str:
         return f"ringtree.Communicator({MPI.Intracomm(self)!r})"
+
+
+named_defaults(*(method for name, method in vars(Communicator).items() if callable(method) and name[0].isupper()))

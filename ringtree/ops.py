@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from enum import Enum
 
 import numpy as np
@@ -108,3 +109,27 @@ def check_dtype(dtype: np.dtype, op: ReduceOp) -> None:
 
 
 _ALLOWED: set[tuple[np.dtype, ReduceOp]] = set()  # pairs check_dtype has passed
+
+
+class _Named:
+    """A default value as help() shows it: by the name it has in mpi4py."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_MPI_NAMES = {id(value): f"MPI.{name}" for name, value in vars(MPI).items()
+              if isinstance(value, (MPI.Op, MPI.Info, MPI.Comm, MPI.Datatype))}
+
+
+def named_defaults(*functions) -> None:
+    """Give each function a signature that names MPI's objects among its defaults (op=MPI.SUM), where
+    help() would show <mpi4py.MPI.Op object at 0x...>."""
+    for function in functions:
+        signature = inspect.signature(function)
+        parameters = [p.replace(default=_Named(_MPI_NAMES[id(p.default)])) if id(p.default) in _MPI_NAMES else p
+                      for p in signature.parameters.values()]
+        function.__signature__ = signature.replace(parameters=parameters)

@@ -8,6 +8,7 @@ from mpi4py import MPI
 from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
 from .checks import checked, checked_timeout
+from .ops import named_defaults
 from .runtime.backend import NoDevice
 from .runtime.refusal import refusing
 
@@ -86,3 +87,6 @@ class PersistentRequest:
     def __bool__(self) -> bool:
         """False once freed, as an mpi4py request that is REQUEST_NULL."""
         return not self._freed
+
+
+named_defaults(allreduce_init)

@@ -179,6 +179,9 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
                                     for a, n, s, t in collectives]}
     if rank == 0:
         print(f"fitted to the allreduce times: {describe(fitted)}; written to {args.output}")
+        if fitted["gamma"] < 0.01 * primitives["gamma"]:
+            print(f"  (gamma at its bound, 0: the fit puts the reductions' cost in beta, as each byte a rank receives "
+                  f"is reduced once; measured alone, a byte reduced took {primitives['gamma'] * 1e12:.1f} ps)")
         with open(args.output, "w") as f:
             json.dump(result, f, indent=1)
     return result
