@@ -141,7 +141,8 @@ def _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, kept
         watched(partial(run_native, call, state, source, target, inplace), what)
     else:
         # Small, and nothing else in flight to progress meanwhile: run it a step at a time.
-        watched(steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target), what)
+        bound = bound_steps(steps, [source, target, *call.stepwise_scratch], state.remote)
+        watched(steps_runner(call, state, bound, target), what)
     if trial is not None:
         Tuner.record(trial, time.perf_counter() - started)
     return result

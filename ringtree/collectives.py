@@ -261,7 +261,7 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     if type(plan) is CollectivePlan and plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.compiled.in_place_steps if call.inplace else plan.compiled.steps
         steps = steps_runner(plan, state, bound_steps(compiled_steps, [call.source, call.target,
-                                                                       *plan.stepwise_scratch]), call.target)
+                                                                       *plan.stepwise_scratch], state.remote), call.target)
     repeat = repeat._replace(written=written, plan=plan, native=native, steps=steps)
     if key is not None and (call.result is None or written):
         if len(_REPEATS) >= _REPEATS_MAX:

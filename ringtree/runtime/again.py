@@ -76,7 +76,7 @@ def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source
     if native:
         run = native_runner(call, state, source, target, inplace)
     else:
-        run = steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch]), target)
+        run = steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch], state.remote), target)
     again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, what)
     return again
 

@@ -34,14 +34,19 @@ PROBE_FIRST = not MPI.Get_library_version().startswith("MPICH")
 SEND, RECV, REDUCE, COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
 
 
-def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
+def bound_steps(steps: tuple[tuple, ...], buffers: list, remote: tuple) -> tuple[tuple, ...]:
     """Compiled steps (CompiledSchedule.steps) bound to a call's buffers: each region made an array
     (a message's as [region, MPI.BYTE]), once, so that a call repeated on the same arrays reuses them.
     First the MPI.Status its receives fill, then (EXCHANGE, send, to, receive, from, receive bytes,
-    send bytes), (SEND, message, to, bytes), (RECV, message, from, bytes), (REDUCE, left, right, out),
-    (COPY, to, from)."""
+    how), (SEND, message, to, how), (RECV, message, from, bytes), (REDUCE, left, right, out),
+    (COPY, to, from), where `how` a message is sent is None for a blocking Send (up to EAGER_BYTES,
+    within a node), else MPI.Comm.Isend, or MPI.Comm.Issend to a rank on another node (`remote`,
+    CommState.remote: engine.py says why)."""
     def region(buffer, elements):
         return buffers[buffer] if elements is None else buffers[buffer][elements]
+
+    def how(to: int, nbytes: int):
+        return MPI.Comm.Issend if remote[to] else None if nbytes <= EAGER_BYTES else MPI.Comm.Isend
 
     bound: list = [MPI.Status()]  # first: the status its receives fill, its own, as threads may run others at once
     for step in steps:
@@ -49,7 +54,7 @@ def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
         if kind is EXCHANGE:
             _, to, send, source, receive = step
             into, out = region(*receive), region(*send)
-            bound.append((EXCHANGE, [out, BYTE], to, [into, BYTE], source, into.nbytes, out.nbytes))
+            bound.append((EXCHANGE, [out, BYTE], to, [into, BYTE], source, into.nbytes, how(to, out.nbytes)))
         elif kind is REDUCE:
             _, out, left, right = step
             bound.append((REDUCE, region(*left), region(*right), region(*out)))
@@ -57,7 +62,7 @@ def bound_steps(steps: tuple[tuple, ...], buffers: list) -> tuple[tuple, ...]:
             bound.append((COPY, region(*step[1]), region(*step[2])))
         else:
             message = region(*step[2])
-            bound.append((kind, [message, BYTE], step[1], message.nbytes))
+            bound.append((kind, [message, BYTE], step[1], how(step[1], message.nbytes) if kind is SEND else message.nbytes))
     return tuple(bound)
 
 
@@ -69,10 +74,10 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
     could wait for ever on ranks that make another call. Either, or a message of another size than
     its receive, raises MismatchError on every rank. With RINGTREE_SIGNATURES=0, each step waits
     inside MPI, and a message of another size raises MismatchError on this rank only."""
-    comm, remote = state.comm, state.remote
+    comm = state.comm
     tag = state.next_tag(signature.code)
     if not state.signatures:
-        _run_blocking(steps, reduce, copy, comm, tag, remote)
+        _run_blocking(steps, reduce, copy, comm, tag)
         return
     status = steps[0]
     received = sent = None
@@ -80,15 +85,13 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
         for step in steps[1:]:
             kind = step[0]
             if kind is EXCHANGE:
-                _, send, to, receive, source, nbytes, send_bytes = step
+                _, send, to, receive, source, nbytes, how = step
                 received = None if PROBE_FIRST else comm.Irecv(receive, source, ANY_TAG)
                 sent = None
-                if remote[to]:  # done once matched, as the engine's (engine.REMOTE_SENDS)
-                    sent = comm.Issend(send, to, tag)
-                elif send_bytes <= EAGER_BYTES:  # MPI sends it at once: a blocking send cannot wait on the peer
+                if how is None:  # MPI sends it at once: a blocking send cannot wait on the peer
                     comm.Send(send, to, tag)
                 else:
-                    sent = comm.Isend(send, to, tag)
+                    sent = how(comm, send, to, tag)
                 if received is None:
                     received = _probed(comm, receive, source, tag, nbytes, status, state, signature)
                 if not received.Test(status):
@@ -103,10 +106,10 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
             elif kind is COPY:
                 copy(step[1], step[2])
             elif kind is SEND:
-                if step[3] <= EAGER_BYTES and not remote[step[2]]:
+                if step[3] is None:
                     comm.Send(step[1], step[2], tag)
                 else:
-                    sent = (comm.Issend if remote[step[2]] else comm.Isend)(step[1], step[2], tag)
+                    sent = step[3](comm, step[1], step[2], tag)
                     if not sent.Test():
                         _wait(sent, None, state, signature)
             else:
@@ -209,7 +212,7 @@ def _expected(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Sta
     raise Evidence("", source, status.Get_tag())
 
 
-def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int, remote: tuple) -> None:
+def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
     """The steps with blocking MPI, each receive of `tag` only (RINGTREE_SIGNATURES=0); a send alone
     to another node synchronous, as every other send there."""
     status = steps[0]
@@ -228,7 +231,7 @@ def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: i
             elif kind is COPY:
                 copy(step[1], step[2])
             elif kind is SEND:
-                (comm.Ssend if remote[step[2]] else comm.Send)(step[1], step[2], tag)
+                (comm.Ssend if step[3] is MPI.Comm.Issend else comm.Send)(step[1], step[2], tag)
             else:
                 _, message, source, nbytes = step
                 comm.Recv(message, source, tag, status)
