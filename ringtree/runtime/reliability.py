@@ -98,11 +98,12 @@ def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout:
 def _compared(state, mine: np.ndarray, low: np.ndarray, seq: int, signature: Signature) -> None:
     """MPI's own MIN allreduce of the records, polled, with a look for signs of a mismatch now and then."""
     request = state.comm.Iallreduce(mine, low, MPI.MIN)
-    watch = Watch(state, seq, signature, lambda error: state.abandoned.append((request, mine, low)))
-    idle = 0
+    idle, watch = 0, None
     while not request.Test():
         idle += 1
         if idle % LOOK_EVERY == 0:
+            if watch is None:  # made once idle: most comparisons end before
+                watch = Watch(state, seq, signature, lambda error: state.abandoned.append((request, mine, low)))
             watch.look()
         back_off(idle)
 
