@@ -135,15 +135,20 @@ class Evidence(Exception):
 class Watch:
     """A wait in one call, looking for signs of a mismatch while idle: `look()` between polls."""
 
-    __slots__ = ("state", "seq", "signature", "started", "announced", "give_up")
+    __slots__ = ("state", "seq", "signature", "started", "announced", "give_up", "compare")
 
-    def __init__(self, state, seq: int, signature: Signature, give_up=None, announce: bool = False) -> None:
+    def __init__(self, state, seq: int, signature: Signature, give_up=None, announce: bool = False,
+                 compare: bool = True) -> None:
         """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up).
         `announce`: a wait in MPI's own allreduce, whose messages show nothing of its call, tells the
-        others which call it is in once idle ANNOUNCE_SECONDS."""
+        others which call it is in once idle ANNOUNCE_SECONDS. `compare=False`: a wait in the
+        comparison of the call's arguments (reliability.agree), which compares them itself, looks
+        only for a rank's word that it raised or refused the call: the plan, whose signature tags
+        the messages of ranks already past the comparison, may be one made for an earlier call."""
         self.state, self.seq, self.signature, self.give_up = state, seq, signature, give_up
         self.started = time.perf_counter()
         self.announced = not announce
+        self.compare = compare
 
     def look(self) -> None:
         """Raise MismatchError on every rank if a message or another rank's signature shows that the
@@ -159,7 +164,8 @@ class Watch:
             theirs = _keep(state, source, control.recv(source=source, tag=CALL))
             if theirs[3] and not theirs[3].startswith(REFUSED):  # a rank found two threads in calls on it at once
                 self.fail(f"rank {source} reports: {theirs[3]}")
-            if theirs[0] == seq and (theirs[1] != self.signature or theirs[2] or theirs[4] != bool(state.threads_bit)):
+            if theirs[0] == seq and (theirs[2] or self.compare and (theirs[1] != self.signature
+                                                                    or theirs[4] != bool(state.threads_bit))):
                 self.fail(f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else
                                                         "another signature for this call"))
         for source, theirs in state.reports.get(seq, {}).items():  # a refusal of this call, told before it began here
@@ -171,7 +177,8 @@ class Watch:
             if source == me or not comm.Iprobe(source, MPI.ANY_TAG, status):
                 continue
             tag = status.Get_tag()
-            if tag == layout.notice_of(seq) or (tag // layout.codes == seq % layout.calls and tag != mine):
+            if tag == layout.notice_of(seq) or (self.compare and tag // layout.codes == seq % layout.calls
+                                                and tag != mine):
                 self.fail(_seen(source, tag, layout))
         if not self.announced and time.perf_counter() - self.started > ANNOUNCE_SECONDS:
             self.announced = state.announced = True  # state.free keeps the communicators: the others may not take it

@@ -103,7 +103,8 @@ def _compared(state, mine: np.ndarray, low: np.ndarray, seq: int, signature: Sig
         idle += 1
         if idle % LOOK_EVERY == 0:
             if watch is None:  # made once idle: most comparisons end before
-                watch = Watch(state, seq, signature, lambda error: state.abandoned.append((request, mine, low)))
+                watch = Watch(state, seq, signature, lambda error: state.abandoned.append((request, mine, low)),
+                              compare=False)
             watch.look()
         back_off(idle)
 
