@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
 from mpi4py import MPI
 
 from ..schedule import OpKind
@@ -36,7 +37,7 @@ class Execution:
 
     __slots__ = ("compiled", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
                  "signature", "finish", "timeout", "pending", "remaining", "done", "computes", "failed", "transport",
-                 "ipc_peers", "channels", "exported", "remote", "peer_keys")
+                 "ipc_peers", "channels", "exported", "remote", "peer_keys", "released", "copies")
 
     def __init__(self, compiled: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
                  state, signature: Signature, finish, timeout: float | None = None, asynchronous: bool = False,
@@ -71,6 +72,8 @@ class Execution:
         self.channels: dict = {}  # per IPC peer: its ipc.Channel
         self.exported: dict = {}  # for the IPC transport: each buffer's export, looked up once per call
         self.remote, self.peer_keys = state.remote, state.peer_keys
+        self.released: dict = {}  # per send to another node in flight whose dependents went on: the copy it sends
+        self.copies = state.send_copies  # by size in bytes: copies of sends done, for the next ones
         self._run(list(compiled.first_ready))
         if self.remaining == 0:
             self._complete()
@@ -105,8 +108,13 @@ class Execution:
                         IN_FLIGHT.add(self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag),
                                       self, i)
                     elif IN_FLIGHT.remote_sends.take(self.peer_keys[action[1]], self, i):
-                        IN_FLIGHT.add(self.comm.Issend([buffers[action[2]][action[3]], BYTE], action[1], self.tag),
-                                      self, i)
+                        region = buffers[action[2]][action[3]]
+                        if self.compiled.dependents[i] and type(region) is np.ndarray:
+                            # A write of the region waits for the send: a copy goes, as MPI's buffering of a
+                            # standard send would let it, else that write would wait for the peer's match.
+                            region = self.released[i] = self._copy(region)
+                            self._release(i, ready)
+                        IN_FLIGHT.add(self.comm.Issend([region, BYTE], action[1], self.tag), self, i)
                     else:
                         continue  # held until a send to that rank is done; the ones after it on its channel too
                 else:
@@ -147,6 +155,20 @@ class Execution:
 
     def _finished(self, i: int, ready: list[int]) -> None:
         self.remaining -= 1
+        if self.released and i in self.released:
+            copy = self.released.pop(i)  # its dependents went on when it was posted
+            self.copies.setdefault(copy.nbytes, []).append(copy)
+        else:
+            self._release(i, ready)
+
+    def _copy(self, region: np.ndarray) -> np.ndarray:
+        """The bytes of `region` in a buffer of their own, one a finished send left where there is one."""
+        free = self.copies.get(region.nbytes)
+        copy = free.pop() if free else np.empty(region.nbytes, np.uint8)
+        copy[...] = region.view(np.uint8)
+        return copy
+
+    def _release(self, i: int, ready: list[int]) -> None:
         pending = self.pending
         for d in self.compiled.dependents[i]:
             pending[d] -= 1

@@ -92,6 +92,7 @@ class CommState:
         self.remote = tuple(node != here for node in self.hosts.node_of)
         # Per peer: whom its count of sends in flight is kept under, in every communicator alike.
         self.peer_keys = _world_ranks(self.comm)
+        self.send_copies: dict = {}  # the engine's copies of sends to another node, by size, for reuse
         self.topology = self.hosts if current.topology == "nodes" else Topology.flat(self.size)
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
         self.cycle, self.codes, self.mask = self.layout.calls, self.layout.codes, self.layout.codes - 1
