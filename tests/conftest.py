@@ -66,8 +66,13 @@ def run_mpiexec(nranks, *args, options=(), env=None, timeout=240):
 
     A clean environment: no process-manager variables from an mpiexec this test may run under."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALNRANKS"))}
-    return subprocess.run([str(MPIEXEC), *options, "-n", str(nranks), sys.executable, *args],
-                          env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    command = [str(MPIEXEC), *options, "-n", str(nranks), sys.executable, *args]
+    try:
+        return subprocess.run(command, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:  # what the ranks said (their stall warnings) goes with the failure
+        said = [out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+                for out in (expired.stdout, expired.stderr)]
+        return subprocess.CompletedProcess(command, -9, said[0], said[1] + f"\n[killed after {timeout} s]")
 
 
 def gloo_on_mpi_ranks():

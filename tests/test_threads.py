@@ -78,8 +78,9 @@ def hammer(comm):
 
 
 HAMMER = """
-    import sys
+    import faulthandler, sys
     from mpi4py import MPI
+    faulthandler.dump_traceback_later(200)  # a hang shows where each thread of each rank waits
     sys.path.insert(0, sys.argv[1])
     from test_threads import hammer
     hammer(MPI.COMM_WORLD)
@@ -91,7 +92,7 @@ HAMMER = """
 def test_threads_on_communicators_of_their_own_get_right_results_and_wait_on_each_others_requests(nranks):
     # A job of its own: once a second thread has called, no ringtree call in the process waits inside
     # MPI any more (runtime/threads.py), which the other tests should not run under.
-    run = run_mpiexec(nranks, "-c", textwrap.dedent(HAMMER), os.path.dirname(__file__), timeout=400)
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(HAMMER), os.path.dirname(__file__), timeout=260)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
