@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import settings
+from .algorithms.lower import Shape
 from .buffers import converted_call, is_plain_call
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
@@ -34,7 +35,6 @@ from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import FIRST_IN, THREADED, get_ident, note_thread
 from .runtime.transports import routed, transport_for
-from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
 from .tuning.selector import WINDOW, choice_of, log_choice, select, table

@@ -17,6 +17,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import settings
+from .algorithms.lower import Shape
 from .allreduce import allreduce, confirm_end
 from .checks import check_comm, check_options, checked_timeout
 from .collective_args import Prepared, prepared
@@ -39,7 +40,6 @@ from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import THREADED, get_ident
 from .runtime.transports import routed
-from .schedule.lower import Shape
 from .schedule.staging import is_host
 from .tuning.collectives import NATIVE, choose
 from .tuning.selector import WINDOW

@@ -9,7 +9,7 @@ ringtree calibrate`) and a typical cluster's (stated below). Takes about 35 seco
 2-core VM, half of them at N = 1024.
 
 The ring's schedules are the same on every rank up to turning the ring
-(algorithms.TURNING; with fewer elements than ranks, less the ops on empty
+(an Algorithm's `turning`; with fewer elements than ranks, less the ops on empty
 chunks), and `simulate` runs every rank's op k at once. The tree's
 sizes whose element count is a multiple of N scale exactly: every region of
 its schedule is that multiple of the one-element-per-rank schedule's, so the
@@ -28,7 +28,7 @@ import sys
 import time
 
 import ringtree.algorithms
-from ringtree.algorithms import TURNING
+from ringtree.algorithms import REGISTRY
 from ringtree.commands.arguments import format_size
 from ringtree.sim import Call, Costs, simulate
 from ringtree.sim.calibration import load
@@ -67,7 +67,7 @@ def main() -> None:
         started = time.perf_counter()
         for algorithm in ("ring", "tree"):
             # one element per rank: every larger multiple scales from it (a turning one runs on its own)
-            programs = None if algorithm in TURNING else flat_schedules(algorithm, n, n)
+            programs = None if REGISTRY["allreduce"][algorithm].turning else flat_schedules(algorithm, n, n)
             for label, params in costs.items():
                 times[algorithm, n, label], traffic[algorithm, n] = simulate_sizes(algorithm, n, programs, params)
         print(f"N = {n}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)

@@ -76,6 +76,53 @@ def test_no_module_imports_itself_through_others():
     assert circles == []
 
 
+# The modules at the top of the package that the runtime may use: errors, ops, settings, logging.
+FOUNDATION = {"ringtree.errors", "ringtree.ops", "ringtree.settings", "ringtree.debug", "ringtree.version",
+              "ringtree.tensors"}
+
+
+def _layer(name: str) -> str:
+    """A module's layer: its subpackage, the foundation, or the public API (the rest of the top)."""
+    parts = name.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and MODULES[name].name == "__init__.py"):
+        return parts[1]
+    if name == "ringtree.__main__":
+        return "commands"  # `python -m ringtree`: the commands' entry point
+    return "foundation" if name in FOUNDATION else "api"
+
+
+def test_no_layer_imports_itself_through_others():
+    graph: dict[str, set[str]] = {}
+    for name in MODULES:
+        graph.setdefault(_layer(name), set()).update(_layer(module) for module in _imports(name))
+    for layer, imported in graph.items():
+        imported.discard(layer)
+    circles = []
+
+    def visit(layer, path):
+        for other in sorted(graph[layer]):
+            if other in path:
+                circles.append(path[path.index(other):] + [other])
+            else:
+                visit(other, path + [other])
+
+    for layer in graph:
+        visit(layer, [layer])
+    assert circles == []
+    assert graph["runtime"] <= {"foundation", "algorithms", "schedule", "tuning"}  # never the public API
+
+
+def test_every_algorithm_has_one_registry_entry_and_fits_the_signature():
+    from ringtree.algorithms import ALGORITHMS, GENERATORS, REGISTRY
+    from ringtree.runtime.mismatch import ALGORITHM_BITS
+
+    for collective, entries in REGISTRY.items():
+        assert all(entry.name == name for name, entry in entries.items())
+        assert len(entries) + 1 <= 1 << ALGORITHM_BITS  # "auto" and each algorithm have a code
+        assert GENERATORS[collective] == {name: entry.generator for name, entry in entries.items()}
+    assert ALGORITHMS == GENERATORS["allreduce"]
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_no_module_is_over_400_lines_and_no_function_over_80(name):
     source = MODULES[name].read_text()

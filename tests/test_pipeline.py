@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringtree.algorithms import ALGORITHMS
+from ringtree.algorithms.lower import Shape, lower
 from ringtree.schedule import INPUT, OUTPUT, OpKind
-from ringtree.schedule.lower import Shape, lower
 from ringtree.schedule.pipeline import SLOTS, segmented
 from ringtree.schedule.topology import Topology
 from ringtree.sim.verify import allreduce_schedules, verify_schedules

@@ -5,12 +5,14 @@ import json
 import pytest
 
 from ringtree import settings
-from ringtree.algorithms import ALGORITHMS
+from ringtree.algorithms import ALGORITHMS, REGISTRY
 from ringtree.schedule import OpKind
 from ringtree.sim.verify import allreduce_schedules
 from ringtree.tuning import selector
 from ringtree.tuning.model import Params, coefficients, fit, predict
-from ringtree.tuning.selector import SEGMENT_BYTES, TuningTable, select
+from ringtree.tuning.selector import TuningTable, select
+
+SEGMENT_BYTES = REGISTRY["allreduce"]["ring"].segment  # every allreduce algorithm's default
 
 
 def _table(rules, models=None, segments=None):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ringtree.sim.simulator
-from ringtree.algorithms import ALGORITHMS, PERIOD, TURNING
+from ringtree.algorithms import ALGORITHMS, REGISTRY
 from ringtree.algorithms.tree import binomial_family
 from ringtree.commands.draw import draw
 from ringtree.sim import Call, Costs, simulate
@@ -118,18 +118,18 @@ def _outcome(result):
             result.messages_received, result.bytes_reduced)
 
 
-@pytest.mark.parametrize("algorithm", sorted(TURNING))
+@pytest.mark.parametrize("algorithm", sorted(name for name, entry in REGISTRY["allreduce"].items() if entry.turning))
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13, 16])
 @pytest.mark.parametrize("count_of, segment", [(lambda n: n, 0), (lambda n: 7 * n, 0), (lambda n: 7 * n + 3, 0),
                                                (lambda n: 40 * n + n // 2, 12), (lambda n: 40 * n, 3), (lambda n: 0, 0),
                                                (lambda n: n - 1, 0), (lambda n: n // 2 + 1, 0), (lambda n: n - 1, 1),
                                                (lambda n: n // 2 + 1, 2)])
 def test_turning_schedules_are_every_rank_s_schedule_turned(algorithm, nranks, count_of, segment):
-    """What TURNING claims: rank r's ops are those of rank 0's schedule for C = TURNING(N, count)
+    """What an entry's `turning` claims: rank r's ops are those of rank 0's schedule for C = turning(N, count)
     elements, each peer p as (p + r) mod N, each region of chunk c in chunk (c + r) mod N, less those on
     chunks empty at `count`: so the kinds, peers and sizes turned_sizes derives from rank 0's program."""
     count = count_of(nranks)
-    built_for = TURNING[algorithm](nranks, count)
+    built_for = REGISTRY["allreduce"][algorithm].turning(nranks, count)
     assert built_for == (count if count >= nranks or count == 0 else nranks)
     template = flat_schedules(algorithm, nranks, built_for, segment, regions=True, ranks=1)[0]
     sizes = turned_sizes(template, nranks, count, segment, built_for)
@@ -157,7 +157,7 @@ def test_a_turning_schedule_simulated_for_all_ranks_at_once_matches_the_event_si
     # The last nine have fewer elements than ranks: rank 0's schedule for one element a chunk, with
     # each rank's ops on its empty chunks left out; segmented or not, as a chunk's one element is one
     # segment.
-    built_for = TURNING["ring"](nranks, count)
+    built_for = REGISTRY["allreduce"]["ring"].turning(nranks, count)
     program = flat_schedules("ring", nranks, built_for, segment, regions=True, ranks=1)[0]
     at_once = run_turned(program, Call("ring", nranks, 4 * count, 4, 4 * segment), costs, built_for)
     assert at_once is not None  # these shapes and costs leave no doubt about the serving order
@@ -166,12 +166,12 @@ def test_a_turning_schedule_simulated_for_all_ranks_at_once_matches_the_event_si
     assert simulate('ring', nranks, 4 * count, costs, segment=4 * segment).finish == full.finish
 
 
-@pytest.mark.parametrize("algorithm", sorted(PERIOD))
+@pytest.mark.parametrize("algorithm", sorted(name for name, entry in REGISTRY["allreduce"].items() if entry.period))
 @pytest.mark.parametrize("nranks, count, segment", [(8, 4, 0), (12, 9, 0), (16, 12, 0), (16, 40, 3), (12, 30, 4),
                                                    (6, 0, 0), (10, 25, 0), (9, 9, 0)])
 def test_periodic_schedules_repeat_every_period_ranks(algorithm, nranks, count, segment):
-    """What PERIOD claims: rank r + P's program is rank r's with every peer p as (p + P) mod N."""
-    period = PERIOD[algorithm](nranks, count)
+    """What an entry's `period` claims: rank r + P's program is rank r's with every peer p as (p + P) mod N."""
+    period = REGISTRY["allreduce"][algorithm].period(nranks, count)
     assert nranks % period == 0
     programs = flat_schedules(algorithm, nranks, count, segment)
     for rank in range(nranks - period):
@@ -187,7 +187,7 @@ def test_periodic_schedules_repeat_every_period_ranks(algorithm, nranks, count, 
                                    Costs(alpha=0.0, beta=1e-9, gamma=5e-9)])
 def test_a_periodic_schedule_simulated_on_one_period_of_ranks_matches_all_ranks(nranks, count, segment, costs):
     # Fewer elements than ranks: empty chunks, so the ranks differ, but every P-th rank alike.
-    period = PERIOD["ring"](nranks, count)
+    period = REGISTRY["allreduce"]["ring"].period(nranks, count)
     assert period < nranks
     few = run_periodic(Call("ring", nranks, 4 * count, 4, 4 * segment), period, costs)
     assert few is not None

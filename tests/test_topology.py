@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringtree.algorithms.hierarchical import hierarchical_allreduce
+from ringtree.algorithms.lower import Shape, lower
 from ringtree.algorithms.ring import ring_allreduce
 from ringtree.schedule import OpKind
 from ringtree.schedule.ir import KEPT
-from ringtree.schedule.lower import Shape, lower
 from ringtree.schedule.topology import Topology
 from ringtree.sim.verify import verify_schedules
 

@@ -1,14 +1,16 @@
-"""The catalogue of schedule generators: ALGORITHMS, allreduce's, name -> (nranks, rank, count) ->
-Schedule; GENERATORS, every collective's, collective -> name -> (nranks, rank, count, Collective) ->
-Schedule (allreduce's take the Collective too, and ignore it). The ones named in NODE_AWARE also take
-`topology=` (schedule.topology.Topology: which ranks share a node); without it, all ranks are on one node.
+"""The catalogue of schedule generators: one `Algorithm` entry per generator, in REGISTRY by
+collective and name.
 
-Generators are pure: they import no MPI and no array library. A generator may
-also declare when its schedules are the same on every rank up to a rotation of
-the ranks (TURNING: the simulator then runs every rank's op k at once), or on
-every P-th rank (PERIOD: the simulator then runs P ranks for all), and the
-schedule tests check the claims.
+Generators are pure: they import no MPI and no array library. An entry also says what the rest of
+ringtree may assume of its schedules: whether the generator takes a topology, how far the stepwise
+path runs it, its segment size where a call names it without one, and the claims the simulator
+rests on (TURNING and PERIOD below), which the schedule tests check.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .allgather import bruck_allgather, recursive_doubling_allgather, ring_allgather
 from .broadcast import binomial_broadcast, chain_broadcast, scatter_allgather_broadcast
@@ -21,53 +23,87 @@ from .reduce_scatter import pairwise_reduce_scatter, recursive_halving_reduce_sc
 from .ring import ring_allreduce, ring_period, ring_turns
 from .tree import tree_allreduce
 
-ALGORITHMS = {
-    "ring": ring_allreduce,
-    "tree": tree_allreduce,
-    "recursive_doubling": recursive_doubling_allreduce,
-    "rabenseifner": rabenseifner_allreduce,
-    "double_tree": double_tree_allreduce,
-    "hierarchical": hierarchical_allreduce,
+__all__ = ["Algorithm", "REGISTRY", "ALGORITHMS", "GENERATORS", "COLLECTIVES", "algorithm_of"]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One schedule generator of a collective, and what ringtree may assume of its schedules."""
+
+    name: str
+    generator: Callable  # allreduce's: (nranks, rank, count[, topology]); the others': (..., count, collective)
+    node_aware: bool = False  # the generator takes `topology=` (schedule.topology.Topology)
+    # Segmented, where several ranks of a node cross at once and so share its link, its receives are
+    # posted ahead (schedule/pipeline.py): by rendezvous, one receive at a time on a channel leaves the
+    # link idle while its go-ahead waits behind the data queued there (docs/design.md, "Pipelining").
+    receives_ahead: bool = False
+    # Up to this many bytes a blocking call of its unsplit schedule may run a step at a time
+    # (runtime/stepwise.py); trees send to several ranks at once, which a step at a time serialises.
+    stepwise_max: int = 256 << 10
+    # Bytes per segment where a call names the algorithm without a segment (and, for allreduce, the
+    # tuning table has none): pipelining pays once a message is several segments long.
+    segment: int = 1 << 20
+    # (nranks, count) -> the count C whose rank 0 schedule gives rank r's: every peer p as (p + r) mod
+    # nranks, every region of chunk c (schedule.even_chunks) moved to chunk (c + r) mod nranks, and the
+    # ops on chunks empty at `count` left out (C is count where none is empty). The simulator then
+    # runs every rank's op k at once.
+    turning: Callable | None = None
+    # (nranks, count) -> a P that divides nranks such that rank r + P's schedule is rank r's with every
+    # peer p as (p + P) mod nranks. The simulator then runs P ranks for all.
+    period: Callable | None = None
+
+
+def _entries(*algorithms: Algorithm) -> dict[str, Algorithm]:
+    return {algorithm.name: algorithm for algorithm in algorithms}
+
+
+_ALLREDUCE_SEGMENT = 4 << 20
+REGISTRY: dict[str, dict[str, Algorithm]] = {
+    "allreduce": _entries(
+        Algorithm("ring", ring_allreduce, node_aware=True, stepwise_max=2 << 20, segment=_ALLREDUCE_SEGMENT,
+                  turning=ring_turns, period=ring_period),
+        Algorithm("tree", tree_allreduce, segment=_ALLREDUCE_SEGMENT),
+        Algorithm("recursive_doubling", recursive_doubling_allreduce, stepwise_max=2 << 20,
+                  segment=_ALLREDUCE_SEGMENT),
+        Algorithm("rabenseifner", rabenseifner_allreduce, stepwise_max=2 << 20, segment=_ALLREDUCE_SEGMENT),
+        Algorithm("double_tree", double_tree_allreduce, segment=_ALLREDUCE_SEGMENT),
+        # on one node, the ring: its claims are the ring's
+        Algorithm("hierarchical", hierarchical_allreduce, node_aware=True, receives_ahead=True,
+                  segment=_ALLREDUCE_SEGMENT, turning=ring_turns, period=ring_period),
+    ),
+    "reduce_scatter": _entries(
+        Algorithm("ring", ring_reduce_scatter),
+        Algorithm("recursive_halving", recursive_halving_reduce_scatter),
+        Algorithm("pairwise", pairwise_reduce_scatter),
+    ),
+    "allgather": _entries(
+        Algorithm("ring", ring_allgather),
+        Algorithm("recursive_doubling", recursive_doubling_allgather),
+        Algorithm("bruck", bruck_allgather),
+    ),
+    "broadcast": _entries(
+        Algorithm("binomial", binomial_broadcast),
+        Algorithm("chain", chain_broadcast, segment=256 << 10),  # a chain's depth is the rank count
+        Algorithm("scatter_allgather", scatter_allgather_broadcast),
+    ),
+    "reduce": _entries(
+        Algorithm("binomial", binomial_reduce),
+        Algorithm("rabenseifner", rabenseifner_reduce),
+    ),
 }
+COLLECTIVES = tuple(REGISTRY)
 
-# allreduce's generators that take a topology: the ring goes round the ranks node by node, the
-# hierarchical allreduce is built of nodes
-NODE_AWARE = {"ring", "hierarchical"}
-# allreduce's generators whose segmented schedules, where several ranks of a node cross at once and so
-# share its link, post receives ahead (schedule/pipeline.py): by rendezvous, one receive at a time on a
-# channel leaves the link idle while its go-ahead waits behind the data queued there. Where one channel
-# has a link to itself, receives posted ahead share it and each arrives later (docs/design.md, "Pipelining").
-RECEIVES_AHEAD = {"hierarchical"}
 
-GENERATORS = {
-    "allreduce": {name: (lambda generator: lambda nranks, rank, count, collective, **topology:
-                         generator(nranks, rank, count, **topology))(g)
-                  for name, g in ALGORITHMS.items()},
-    "reduce_scatter": {
-        "ring": ring_reduce_scatter,
-        "recursive_halving": recursive_halving_reduce_scatter,
-        "pairwise": pairwise_reduce_scatter,
-    },
-    "allgather": {
-        "ring": ring_allgather,
-        "recursive_doubling": recursive_doubling_allgather,
-        "bruck": bruck_allgather,
-    },
-    "broadcast": {
-        "binomial": binomial_broadcast,
-        "chain": chain_broadcast,
-        "scatter_allgather": scatter_allgather_broadcast,
-    },
-    "reduce": {
-        "binomial": binomial_reduce,
-        "rabenseifner": rabenseifner_reduce,
-    },
-}
+def algorithm_of(collective: str, name: str) -> Algorithm:
+    """The entry of `name` among `collective`'s algorithms; ValueError naming the known ones."""
+    known = REGISTRY.get(collective, {})
+    if name not in known:
+        of = "" if collective == "allreduce" else f"{collective} "
+        raise ValueError(f"unknown {of}algorithm {name!r}; known: {', '.join(sorted(known))}")
+    return known[name]
 
-# name -> (nranks, count) -> the count C whose rank 0 schedule gives rank r's: every peer p as (p + r) mod
-# nranks, every region of chunk c (schedule.even_chunks) moved to chunk (c + r) mod nranks, and the ops
-# on chunks empty at `count` left out (C is count where none is empty)
-TURNING = {"ring": ring_turns, "hierarchical": ring_turns}  # hierarchical: on one node, the ring
-# name -> (nranks, count) -> a P that divides nranks such that rank r + P's schedule is rank r's with
-# every peer p as (p + P) mod nranks
-PERIOD = {"ring": ring_period, "hierarchical": ring_period}
+
+# Views of the registry by name: allreduce's generators, and every collective's generator names.
+ALGORITHMS = {name: entry.generator for name, entry in REGISTRY["allreduce"].items()}
+GENERATORS = {collective: {name: entry.generator for name, entry in entries.items()}
+              for collective, entries in REGISTRY.items()}

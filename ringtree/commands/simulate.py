@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager-limit", type=at_least(0, parse_size), help="bytes: larger messages take --alpha-rendezvous")
     parser.add_argument("--stepwise", action="store_true",
                         help="each rank's ops a step at a time, as a blocking call runs an unsegmented schedule "
-                             "up to the selector's STEPWISE_MAX_BYTES")
+                             "up to the algorithm's stepwise_max (its registry entry)")
     parser.add_argument("--duplex", action=argparse.BooleanOptionalAction,
                         help="a send and a receive port per rank (the default), or --no-duplex: one port for both")
     parser.add_argument("--json", metavar="PATH", type=output_path,

@@ -40,13 +40,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import settings
-from ..algorithms import GENERATORS
+from ..algorithms import GENERATORS, REGISTRY
 from ..allreduce import allreduce
 from ..runtime.state import cache_identity, comm_state
 from ..tuning import cache
 from ..tuning.model import fit
 from ..tuning.online import NATIVE, Option, key_of
-from ..tuning.selector import SEGMENT_BYTES
 from .arguments import (
     UsageError,
     at_least,
@@ -177,7 +176,8 @@ def run(args: argparse.Namespace) -> None:
                  f"{format_size(otherwise['segment']) if otherwise['segment'] else 'unsplit'})" if otherwise else ""))
     print("\nsegment size for an algorithm named in a call: " + (
         ", ".join(f"{name} {format_size(segment)}" for name, segment in best_segments.items()) if best_segments else
-        f"not measured (no size of the grid is cut in segments), so the default, {format_size(SEGMENT_BYTES)}"))
+        f"not measured (no size of the grid is cut in segments), so each algorithm's default "
+        f"({format_size(REGISTRY['allreduce']['ring'].segment)})"))
     write_table(args.output, layout, rules, params, best_segments, args.note, measured)
     covered = [rule["bytes"] for rule in rules]
     print(f"\nthe table rules sizes up to {format_size(covered[-1][1])} on {nranks} ranks; "
@@ -240,7 +240,7 @@ def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list
 def _case(algorithm: str, nbytes: int, segments: dict[str, int]) -> tuple[str, int]:
     """(algorithm, segment) as a call of `nbytes` naming it runs with these segment sizes: unsplit
     where the message is no larger than its segment; MPI's own unsplit always."""
-    segment = segments.get(algorithm, SEGMENT_BYTES) if algorithm != NATIVE else 0
+    segment = segments.get(algorithm, REGISTRY["allreduce"][algorithm].segment) if algorithm != NATIVE else 0
     return algorithm, segment if nbytes > segment else 0
 
 

@@ -6,8 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..algorithms.lower import Program, Shape, lower
 from ..schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow
-from ..schedule.lower import Program, Shape, lower
 
 __all__ = ["CompiledSchedule", "EXCHANGE", "compile_program", "compiled"]
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import ALGORITHMS, GENERATORS
+from ..algorithms import REGISTRY
 from ..errors import MismatchError
 from ..ops import ReduceOp
 
@@ -46,8 +46,13 @@ REFUSED = "refused its arguments: "  # how a rank's report says it refused a cal
 
 _DTYPES = "?bBhHiIlLqQefdgFDG"
 _OPS = [op.value for op in ReduceOp]
-_ALGORITHMS = {name: ["auto", *sorted(algorithms)] for name, algorithms in GENERATORS.items()}
-_ALGORITHMS["allreduce"] = ["auto", *ALGORITHMS]
+ALGORITHM_BITS = 3  # of a signature's code: "auto" and every algorithm of a collective must fit
+_ALGORITHMS = {name: ["auto", *sorted(algorithms)] for name, algorithms in REGISTRY.items()}
+_ALGORITHMS["allreduce"] = ["auto", *REGISTRY["allreduce"]]
+for _name, _names in _ALGORITHMS.items():
+    if len(_names) > 1 << ALGORITHM_BITS:
+        raise ImportError(f"{_name} has {len(_names) - 1} algorithms; a signature codes auto and at most "
+                          f"{(1 << ALGORITHM_BITS) - 1} (runtime/mismatch.py, ALGORITHM_BITS)")
 _FIELDS = ("count", "dtype", "op", "algorithm", "segment", "collective", "root", "blocks")
 NO_OP = 15  # the op's code for a collective that reduces nothing
 
@@ -77,7 +82,7 @@ UNKNOWN = Signature(-1, -1, "", "", "", None)  # a call stopped before its signa
 def signature(count: int, dtype: np.dtype, op: str | None, algorithm: str, segment: int | None,
               collective: str = "allreduce", root: int | None = None,
               blocks: tuple[int, ...] | None = None) -> Signature:
-    """dtype (5 bits), op (4), algorithm (3) exactly where known, the rest hashed (4): count and
+    """dtype (5 bits), op (4), algorithm (ALGORITHM_BITS) exactly where known, the rest hashed (4): count and
     segment, and for other collectives than allreduce, which one, its root and its blocks."""
     char = dtype.char if dtype.isnative else ""
     kind = _DTYPES.index(char) if char and char in _DTYPES else 18 + _crc(dtype.str) % 14

@@ -9,9 +9,9 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 
+from ..algorithms.lower import Shape, lower
 from ..schedule import OpKind, Ref, dataflow, stepwise
 from ..schedule.ir import ALLREDUCE, Collective
-from ..schedule.lower import Shape, lower
 
 __all__ = ["FlatSchedule", "flat_schedule", "flat_schedules", "partners", "progress_bar", "without_gc",
            "PARALLEL_FROM_RANKS"]

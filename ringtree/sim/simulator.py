@@ -21,30 +21,30 @@ once the message before it on its channel was posted: as the engine does
 stepwise path). Messages and reductions waiting for a port or the processor get
 it in the order they became ready, ties in schedule order.
 
-The schedules are the engine's own (schedule.lower: segmented when `segment`
+The schedules are the engine's own (algorithms.lower: segmented when `segment`
 is given), so the traffic counted is exactly the traffic the engine sends. Messages hold
 whole elements of `itemsize` bytes, so where the element count does not
 divide evenly, chunks differ by one element and per-rank bytes differ from
 the ideal share by that rounding (for ring, at most 2(N-1) elements).
 
 A schedule that its generator declares the same on every rank up to turning
-the ranks around (algorithms.TURNING: the ring, less the ops on empty chunks)
+the ranks around (an Algorithm's `turning`: the ring, less the ops on empty chunks)
 is built for rank 0 only, and every rank's op k is simulated at once, as numpy
 vectors over the ranks, with the same result as the event simulation
 (turned.py); where that equivalence cannot be shown for the costs given (two
 ops of a rank's processor ready at once, say, or one port per rank), the
 event simulation (events.py) runs instead, on every rank's schedule turned
 from rank 0's where no chunk is empty. One whose every P-th rank's schedule is
-the same up to turning (algorithms.PERIOD: the ring's where chunks of two
+the same up to turning (an Algorithm's `period`: the ring's where chunks of two
 lengths split into different numbers of segments) is simulated on P ranks
 that stand for all.
 """
 
 from __future__ import annotations
 
-from ..algorithms import GENERATORS, PERIOD, TURNING
+from ..algorithms import algorithm_of
+from ..algorithms.lower import Shape
 from ..schedule.ir import Collective, even_chunks
-from ..schedule.lower import Shape
 from ..schedule.topology import Topology
 from .events import run_events
 from .flat import flat_schedule, flat_schedules, without_gc
@@ -64,16 +64,13 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
     `segment` (bytes, 0 for none) and `window` pipeline the schedules as the
     engine does. `stepwise` runs each rank's ops in their listed order, a step
     at a time, as the stepwise path does for a blocking call of an unsegmented
-    schedule up to the selector's STEPWISE_MAX_BYTES. With `trace`, the result
+    schedule up to its registry entry's stepwise_max. With `trace`, the result
     lists every op's start and finish. With `progress`, a simulation of every
     rank shows progress bars on stderr, where that is a terminal. With a
     `topology` of several nodes, the schedules are the node-aware ones the engine
     runs there, and messages between nodes cost `costs.between_nodes`.
     """
-    known = GENERATORS.get(collective, {})
-    if algorithm not in known:
-        of = "" if collective == "allreduce" else f"{collective} "
-        raise ValueError(f"unknown {of}algorithm {algorithm!r}; known: {', '.join(sorted(known)) or 'none'}")
+    entry = algorithm_of(collective, algorithm)
     if nranks < 1 or nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"need nranks >= 1 and nbytes a multiple of itemsize >= 1, "
                          f"not nranks={nranks} nbytes={nbytes} itemsize={itemsize}")
@@ -94,7 +91,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
         schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,
                                    progress=progress, stepwise=stepwise, collective=shape)
         return run_events(schedules, call, costs, trace, progress)
-    turns = TURNING.get(algorithm)
+    turns = entry.turning
     built_for = turns(nranks, count) if turns is not None else None
     template = None
     if built_for is not None and nranks > 1 and not trace:
@@ -109,7 +106,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
             result = run_turned(template, call, costs, built_for)
         if result is not None:
             return result
-    period = PERIOD[algorithm](nranks, count) if algorithm in PERIOD else nranks
+    period = entry.period(nranks, count) if entry.period is not None else nranks
     if period < nranks and alike and not trace:
         result = run_periodic(call, period, costs, window, stepwise)
         if result is not None:

@@ -1,8 +1,8 @@
 """The simulator's shortcuts, for schedules alike on every rank up to turning the ranks around.
 
-`run_turned`: a schedule in algorithms.TURNING is built for rank 0 alone, and
+`run_turned`: a schedule whose Algorithm claims `turning` is built for rank 0 alone, and
 op k of every rank is simulated at once, as numpy vectors over the ranks.
-`run_periodic`: a schedule in algorithms.PERIOD is simulated on P ranks that
+`run_periodic`: a schedule whose Algorithm claims `period` is simulated on P ranks that
 stand for all. Each returns None where it cannot show that it gives the event
 simulation's result, which then runs instead.
 """
@@ -48,7 +48,7 @@ def turned_partners(template: FlatSchedule, nranks: int) -> list[int]:
 def turned_sizes(template: FlatSchedule, nranks: int, count: int, segment: int, built_for: int | None = None):
     """Rank r's op sizes in elements at `count`, as rows of an array (op, rank), 0 for an op it leaves
     out, from rank 0's flat schedule built with regions for `built_for` elements (default `count`), for a
-    schedule in algorithms.TURNING (segment in elements, 0 for none); None where rank 0's regions are
+    schedule whose Algorithm claims `turning` (segment in elements, 0 for none); None where rank 0's regions are
     not whole chunks, or segments of them, or chunks split into different numbers of segments."""
     kinds, peers, regions = template.kinds, template.peers, template.regions
     built_for = count if built_for is None else built_for
@@ -82,7 +82,7 @@ def turned_sizes(template: FlatSchedule, nranks: int, count: int, segment: int, 
 def turned_schedules(template: FlatSchedule, nranks: int, count: int, segment: int,
                      itemsize: int = 4) -> list[FlatSchedule] | None:
     """Every rank's flat schedule, for the event simulation, from rank 0's (built with regions) for a
-    schedule in algorithms.TURNING with no chunk empty (count >= nranks; segment in elements): the
+    schedule whose Algorithm claims `turning` with no chunk empty (count >= nranks; segment in elements): the
     peers turned, each op's size that of the chunk it falls on there, the rest shared, which also keeps
     the simulation's working set small. Where chunks differ by an element, a rank's own schedule may
     list more dependencies than the turned one (regions of different lengths in one receive slot
@@ -119,7 +119,7 @@ def segments_agree(nranks: int, count: int, segment: int) -> bool:
 
 
 def run_turned(template: FlatSchedule, call: Call, costs: Costs, built_for: int | None = None) -> SimResult | None:
-    """simulate() for a schedule in algorithms.TURNING: every rank's op k at once, from rank 0's flat
+    """simulate() for a schedule whose Algorithm claims `turning`: every rank's op k at once, from rank 0's flat
     schedule built with regions for `built_for` elements (default call.count). None where the event
     simulation might serve some resource in another order (it then runs instead)."""
     nranks = call.nranks
@@ -251,7 +251,7 @@ class _TimeGraph:
 
 
 def run_periodic(call: Call, period: int, costs: Costs, window: int = 4, stepwise: bool = False) -> SimResult | None:
-    """simulate() for a schedule in algorithms.PERIOD: turning the ranks by `period` maps the system onto
+    """simulate() for a schedule whose Algorithm claims `period`: turning the ranks by `period` maps the system onto
     itself, and where each port serves one channel (full duplex, one peer each way) no tie between ranks
     decides an order, so ranks r and r + period run alike. The first `period` ranks, each peer p as
     p mod period, then stand for all. None where that does not hold (every rank is simulated instead)."""

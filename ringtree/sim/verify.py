@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..algorithms.lower import Shape, lower
 from ..schedule import INPUT, OUTPUT, OpKind, Schedule, dataflow, steps
 from ..schedule.ir import ALLREDUCE, Collective
-from ..schedule.lower import Shape, lower
 
 
 class ScheduleError(AssertionError):

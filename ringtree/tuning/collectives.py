@@ -13,15 +13,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..algorithms import REGISTRY
 from .online import NATIVE
 from .selector import packaged_table, table
 
-__all__ = ["NATIVE", "CollectiveChoice", "choose", "rules_for", "SEGMENT_BYTES"]
-
-# Bytes per segment for an algorithm a call names (without a segment): pipelining pays once a
-# message is several segments long; a chain's depth is the rank count, so it takes shorter segments.
-SEGMENT_BYTES = {"chain": 256 << 10}
-SEGMENT_BYTES_OTHERWISE = 1 << 20
+__all__ = ["NATIVE", "CollectiveChoice", "choose", "rules_for"]
 
 
 class CollectiveChoice(NamedTuple):
@@ -47,7 +43,7 @@ def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", s
     if algorithm == NATIVE:
         return CollectiveChoice(NATIVE, 0, source)
     if segment is None:
-        segment = SEGMENT_BYTES.get(algorithm, SEGMENT_BYTES_OTHERWISE)
+        segment = REGISTRY[collective][algorithm].segment  # where the call names one without a segment
     return CollectiveChoice(algorithm, segment if nbytes > segment else 0, source)
 
 

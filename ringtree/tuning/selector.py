@@ -44,7 +44,7 @@ from importlib import resources
 from typing import NamedTuple
 
 from .. import settings
-from ..algorithms import ALGORITHMS, GENERATORS
+from ..algorithms import ALGORITHMS, GENERATORS, REGISTRY, Algorithm
 from ..debug import log
 from ..schedule.topology import Topology
 from .model import Params, predict
@@ -52,16 +52,8 @@ from .online import NATIVE
 
 __all__ = ["Choice", "TuningTable", "select", "choice_of", "runs_stepwise", "use_table", "table", "packaged_table",
            "identity", "log_choice",
-           "STEPWISE_MAX_BYTES", "SEGMENT_BYTES", "WINDOW", "FALLBACK_MODEL", "FORMAT"]
+           "WINDOW", "FALLBACK_MODEL", "FORMAT"]
 
-# Up to these sizes a blocking call of an unsegmented schedule takes the stepwise path
-# (runtime/stepwise.py); trees send to several ranks at once, which a step at a time serialises,
-# so they and the rest stop earlier (docs/algorithms.md, "The stepwise path").
-STEPWISE_MAX_BYTES = {"ring": 2 << 20, "recursive_doubling": 2 << 20, "rabenseifner": 2 << 20}
-STEPWISE_MAX_BYTES_OTHERWISE = 256 << 10
-# Segment size when neither the table nor the caller gives one: pipelining pays
-# once a message is several segments long.
-SEGMENT_BYTES = 4 << 20
 # Segment size on several nodes when neither the table's rule nor the caller gives one: messages
 # between nodes pipeline through the nodes' links in smaller pieces (docs/performance.md, across hosts).
 SEGMENT_BYTES_ACROSS_NODES = 256 << 10
@@ -132,12 +124,13 @@ class TuningTable:
         """The measured segment size for `algorithm` at the nearest rank count, for sizes no larger
         than the table's rules for it cover (a segment that did best at 64 KiB would cut 64 MiB into
         4096 pieces); else the default."""
+        default = (REGISTRY["allreduce"].get(algorithm) or Algorithm).segment
         if not self.segments:
-            return SEGMENT_BYTES
+            return default
         nearest = _nearest(self.segments, nranks)
         if nbytes > self.covered(nearest):
-            return SEGMENT_BYTES
-        return self.segments[nearest].get(algorithm, SEGMENT_BYTES)
+            return default
+        return self.segments[nearest].get(algorithm, default)
 
     def covered(self, nranks: int) -> float:
         """The largest size the rules for `nranks` cover (an old table's open end: no limit)."""
@@ -255,8 +248,9 @@ def choice_of(algorithm: str, nbytes: int, segment: int, source: str) -> Choice:
 
 def runs_stepwise(algorithm: str, nbytes: int, segment: int) -> bool:
     """Whether a blocking call takes the stepwise path (runtime/stepwise.py): messages not split, and
-    no larger than the algorithm's limit."""
-    return not segment and nbytes <= STEPWISE_MAX_BYTES.get(algorithm, STEPWISE_MAX_BYTES_OTHERWISE)
+    no larger than the algorithm's limit (its registry entry's stepwise_max)."""
+    entry = REGISTRY["allreduce"].get(algorithm)  # None for MPI's own
+    return not segment and nbytes <= (entry or Algorithm).stepwise_max
 
 
 _logged: set = set()

@@ -1,6 +1,6 @@
 """Shape -> Program: the one place where a call's shape decides which passes its schedule takes.
 
-    generator (algorithms/)  ->  segmented (pipeline.py)  ->  staged (staging.py)  ->  steps (order.py)
+    generator (the registry)  ->  segmented (pipeline.py)  ->  staged (staging.py)  ->  steps (order.py)
 
 The engine, the simulator and the verifier all take their schedules from
 `lower`, so what is simulated and verified is what runs.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..algorithms import GENERATORS, NODE_AWARE, RECEIVES_AHEAD
-from .ir import ALLREDUCE, Collective, Schedule
-from .order import steps
-from .pipeline import segmented
-from .staging import staged
-from .topology import Topology
+from ..schedule.ir import ALLREDUCE, Collective, Schedule
+from ..schedule.order import steps
+from ..schedule.pipeline import segmented
+from ..schedule.staging import staged
+from ..schedule.topology import Topology
+from . import algorithm_of
 
 __all__ = ["Shape", "Program", "lower"]
 
@@ -44,18 +44,16 @@ class Program(NamedTuple):
 
 
 def lower(shape: Shape) -> Program:
-    generators = GENERATORS.get(shape.collective.name, {})
-    if shape.algorithm not in generators:
-        of = "" if shape.collective is ALLREDUCE else f"{shape.collective.name} "
-        raise ValueError(f"unknown {of}algorithm {shape.algorithm!r}; known: {', '.join(sorted(generators))}")
+    algorithm = algorithm_of(shape.collective.name, shape.algorithm)
     if shape.stepwise and shape.segment:
         raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
-    node_aware = shape.topology is not None and shape.collective.name == "allreduce" and shape.algorithm in NODE_AWARE
-    schedule = generators[shape.algorithm](shape.nranks, shape.rank, shape.count, shape.collective,
-                                           **({"topology": shape.topology} if node_aware else {}))
+    node_aware = shape.topology is not None and algorithm.node_aware
+    arguments = () if shape.collective.name == "allreduce" else (shape.collective,)
+    schedule = algorithm.generator(shape.nranks, shape.rank, shape.count, *arguments,
+                                   **({"topology": shape.topology} if node_aware else {}))
     if shape.segment:
         shared_links = node_aware and shape.topology.nodes > 1 and max(shape.topology.ranks_per_node) > 1
-        schedule = segmented(schedule, shape.segment, shape.window, ahead=shared_links and shape.algorithm in RECEIVES_AHEAD)
+        schedule = segmented(schedule, shape.segment, shape.window, ahead=shared_links and algorithm.receives_ahead)
     if shape.staged:
         schedule = staged(schedule, shape.window, shape.ipc_peers)
     return Program(schedule, steps(schedule) if shape.stepwise else None)

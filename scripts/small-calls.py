@@ -1,0 +1,109 @@
+"""What a small call costs against MPI's own call of the same kind, the way programs make small calls.
+
+    mpiexec -n 2 python scripts/small-calls.py [--sizes 8,64,1K,8K] [--iters 15] [--json FILE]
+
+Cases, float64 (the ratio is ringtree's time over MPI's, in the same run):
+  new array        allreduce(np.full(n, x)) against Allreduce into a new array
+  two buffers      calls alternating between two pairs of arrays and two ops (sum, max)
+  same buffers     allreduce(a, b) again and again against Allreduce(a, b)
+  iallreduce       iallreduce(a, b).wait() against Iallreduce(a, b).Wait()
+  persistent       allreduce_init's Start(); Wait() against MPI's Allreduce_init
+  broadcast        broadcast(a, root=0) against Bcast(a, 0)
+Every call is warmed up (past online tuning's trials) before timing; timing is bench's: turns in
+shuffled order, medians of the slowest rank.
+"""
+
+import argparse
+import json
+
+import numpy as np
+from mpi4py import MPI
+
+import ringtree
+from ringtree.commands.arguments import format_size, parse_size
+from ringtree.commands.measure import time_in_turns
+
+WARM_UP = 200
+
+
+def persistent(request):
+    def call():
+        request.Start()
+        request.Wait()
+    return call
+
+
+def cases(comm, count: int) -> dict:
+    """name -> (ringtree's call, MPI's call): functions of none."""
+    a, b = np.ones(count), np.empty(count)
+    pairs = [(np.ones(count), np.empty(count)), (np.ones(count), np.empty(count))]
+    turn = [0]
+    ops = [(MPI.SUM, MPI.SUM), (MPI.MAX, MPI.MAX)]
+
+    def alternating(ours: bool):
+        def call():
+            k = turn[0] = 1 - turn[0]
+            (x, y), op = pairs[k], ops[k][0]
+            if ours:
+                ringtree.allreduce(x, y, op, comm=comm)
+            else:
+                comm.Allreduce(x, y, op)
+        return call
+
+    def native_new():
+        x = np.full(count, 1.0)
+        y = np.empty_like(x)
+        comm.Allreduce(x, y)
+
+    return {
+        "new array": (lambda: ringtree.allreduce(np.full(count, 1.0), comm=comm), native_new),
+        "two buffers": (alternating(True), alternating(False)),
+        "same buffers": (lambda: ringtree.allreduce(a, b, comm=comm), lambda: comm.Allreduce(a, b)),
+        "iallreduce": (lambda: ringtree.iallreduce(a, b, comm=comm).wait(), lambda: comm.Iallreduce(a, b).Wait()),
+        "persistent": (persistent(ringtree.allreduce_init(a, b, comm=comm)), persistent(comm.Allreduce_init(a, b))),
+        "broadcast": (lambda: ringtree.broadcast(a, root=0, comm=comm), lambda: comm.Bcast(a, 0)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="8,64,1K,8K", help="comma-separated message sizes")
+    parser.add_argument("--iters", type=int, default=15, help="turns per case (medians)")
+    parser.add_argument("--json", help="also write the table's rows to this file")
+    args = parser.parse_args()
+    try:
+        sizes = [parse_size(size) for size in args.sizes.split(",")]
+    except ValueError as error:
+        parser.error(str(error))
+    if args.iters < 1:
+        parser.error("--iters must be at least 1")
+    comm = MPI.COMM_WORLD
+    rows = []
+    for nbytes in sizes:
+        count = max(1, nbytes // 8)
+        calls = {}
+        for name, (ours, native) in cases(comm, count).items():
+            calls[name], calls[name + " (MPI)"] = ours, native
+        for call in calls.values():
+            for _ in range(WARM_UP):
+                call()
+        median = time_in_turns(comm, calls, 0.01, args.iters, 3.0)
+        for name in cases(comm, 0):
+            rows.append({"size": count * 8, "case": name, "ringtree_us": median[name] * 1e6,
+                         "mpi_us": median[name + " (MPI)"] * 1e6, "ratio": median[name] / median[name + " (MPI)"]})
+    if comm.Get_rank() == 0:
+        print(f"{comm.Get_size()} ranks, float64, medians of {args.iters} turns; ringtree / MPI's own\n")
+        names = list(dict.fromkeys(row["case"] for row in rows))
+        print("| case | " + " | ".join(format_size(n) for n in sizes) + " |")
+        print("|---|" + "---:|" * len(sizes))
+        for name in names:
+            cells = [f"{row['ratio']:.2f}× ({row['ringtree_us']:.1f} / {row['mpi_us']:.1f} µs)"
+                     for row in rows if row["case"] == name]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        if args.json:
+            with open(args.json, "w") as file:
+                json.dump(rows, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
