@@ -28,7 +28,7 @@ from .runtime.engine import Execution
 from .runtime.in_flight import IN_FLIGHT, LOCK
 from .runtime.mismatch import Signature, Watch, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native, start_native
-from .runtime.one_caller import first_caller, intruded, one_caller
+from .runtime.one_caller import in_call, intruded, one_caller
 from .runtime.refusal import refusing
 from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
@@ -79,11 +79,8 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         if FIRST_IN[1] is not None:
             intruded()
         return recvbuf
-    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
-        return one_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
-                          confirm=confirm_end if timeout is None else partial(confirm_end, timeout=timeout))
-    return first_caller(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
-                        confirm=confirm_end if timeout is None else partial(confirm_end, timeout=timeout))
+    return in_call(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
+                   confirm=confirm_end if timeout is None else partial(confirm_end, timeout=timeout))
 
 
 def confirm_end(comm, timeout=None) -> None:
@@ -107,6 +104,10 @@ def _allreduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     if not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None):
         return converted_call(partial(_reduce, kept=False), None, sendbuf, recvbuf, op, comm, algorithm, segment,
                               check, timeout)
+    if recvbuf is None and type(sendbuf) is NDARRAY:
+        # A new result array, so that a call shape seen before finds its plan (repeat_of) whatever the
+        # arrays; not kept bound: the next call brings other arrays.
+        return _reduce(sendbuf, np.empty_like(sendbuf), op, comm, algorithm, segment, check, timeout, kept=False)
     return _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
 
 
@@ -152,14 +153,14 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
                timeout=None) -> Request:
     """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
     waiting on it; in check mode, the ranks agree before this returns)."""
-    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
-        return one_caller(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
-    return first_caller(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    return in_call(comm, _istart, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
 
 
 def _istart(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout) -> Request:
     if not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None):
         return converted_call(None, _istart_plain, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
+    if recvbuf is None and type(sendbuf) is NDARRAY:  # as in _allreduce
+        recvbuf = np.empty_like(sendbuf)
     return _istart_plain(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout)
 
 

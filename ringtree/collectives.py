@@ -33,12 +33,12 @@ from .runtime.engine import Execution
 from .runtime.in_flight import IN_FLIGHT, LOCK
 from .runtime.mismatch import Signature, signature
 from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_started
-from .runtime.one_caller import first_caller, one_caller
+from .runtime.one_caller import in_call
 from .runtime.refusal import refusing
 from .runtime.stalls import watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
-from .runtime.threads import THREADED, get_ident
+from .runtime.threads import THREADED
 from .runtime.transports import routed
 from .schedule.staging import is_host
 from .tuning.collectives import NATIVE, choose
@@ -154,9 +154,7 @@ def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRe
 def _run(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
     run = (_started, name, blocking, comm, algorithm, segment, check, timeout, *buffers)
     confirm = None if not blocking else confirm_end if timeout is None else partial(confirm_end, timeout=timeout)
-    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):  # several threads call
-        return one_caller(comm, *run, confirm=confirm)
-    return first_caller(comm, *run, confirm=confirm)
+    return in_call(comm, *run, confirm=confirm)
 
 
 def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers):

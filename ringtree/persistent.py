@@ -3,14 +3,21 @@ PersistentRequest that the other collectives' `…_init` return too."""
 
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
+from . import settings
 from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
 from .checks import checked, checked_timeout
-from .ops import named_defaults
+from .ops import known_op, named_defaults
+from .request import empty_status
+from .runtime.again import described, op_key
 from .runtime.backend import NoDevice
+from .runtime.native import BoundNative, NativePlan, native_plan
+from .runtime.one_caller import in_call
 from .runtime.refusal import refusing
+from .runtime.state import existing_state
 
 __all__ = ["PersistentRequest", "allreduce_init"]
 
@@ -36,13 +43,33 @@ def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
             call = call._replace(send=MPI.IN_PLACE if sendbuf is None else sendbuf, recv=recvbuf)
     except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree allreduce_init on rank {comm.Get_rank()}: {error}") from None
-    checked(call.send, call.recv, op, comm, algorithm, None)
+    source, target, reduce_op, _, inplace = checked(call.send, call.recv, op, comm, algorithm, None)
     checked_timeout(timeout, comm, None)
 
     def start():
         with call.context:
             return iallreduce(call.send, call.recv, op, comm=comm, algorithm=algorithm, check=check, timeout=timeout)
-    return PersistentRequest(start)
+    if type(target) is not np.ndarray or check is not None or timeout is not None or known_op(op) is None:
+        return PersistentRequest(start)
+    target = target.reshape(-1)
+    source = target if inplace else source.reshape(-1)
+    return PersistentRequest(start, bind=lambda: _bound_native(source, target, inplace, op, reduce_op, comm, algorithm),
+                             comm=comm)
+
+
+def _bound_native(source, target, inplace, op, reduce_op, comm, algorithm) -> BoundNative | None:
+    """After a Start: where the calls of this shape have settled on MPI's own allreduce (the plan its
+    repeats look up, which online tuning's trials never are: the same on every rank, at the same
+    Start), MPI's own persistent request of these arrays on a native plan of the request's own;
+    else None, to ask again at the next Start."""
+    state = existing_state(comm)
+    if state is None or state.broken is not None or settings.current().check:
+        return None
+    shared = state.repeats.get((op_key(op), algorithm, target.dtype, target.size, inplace))
+    if type(shared) is not NativePlan:
+        return None
+    plan = native_plan(reduce_op, shared.divide, state, target.size, target.dtype, shared.signature, persistent=False)
+    return BoundNative(plan, state, source, target, inplace, described(state, plan, target, reduce_op.value, algorithm))
 
 
 class PersistentRequest:
@@ -50,11 +77,14 @@ class PersistentRequest:
     or a Test that says it is done; mpi4py's names and its lowercase ones. `start()` starts a call
     of it and returns its Request."""
 
-    __slots__ = ("_start", "_name", "_active", "_freed")
+    __slots__ = ("_start", "_name", "_active", "_freed", "_bind", "_bound", "_comm")
 
-    def __init__(self, start, name: str = "allreduce") -> None:
-        self._start, self._name = start, name
-        self._active = None  # the Request of the call started, while one is
+    def __init__(self, start, name: str = "allreduce", bind=None, comm=None) -> None:
+        """`bind()`, tried after each Start until it gives one, returns a BoundNative that runs the
+        calls after (on communicator `comm`), or None."""
+        self._start, self._name, self._bind, self._comm = start, name, bind, comm
+        self._bound = None
+        self._active = None  # the Request (or the BoundNative) of the call started, while one is
         self._freed = False
 
     def Start(self) -> None:
@@ -63,23 +93,39 @@ class PersistentRequest:
         if self._active is not None:
             raise ValueError(f"ringtree persistent {self._name}: Start while the call started before is active; "
                              "Wait for it first")
+        if self._bound is not None:
+            in_call(self._comm, self._bound.start)  # under the thread rules, as any call
+            self._active = self._bound
+            return
         self._active = self._start()
+        if self._bind is not None:
+            self._bound = self._bind()
+            if self._bound is not None:
+                self._bind = None
 
     def Wait(self, status: MPI.Status | None = None) -> bool:
         """Wait for the call started (at once if none is); the result is in recvbuf."""
         if self._active is not None:
-            self._active.Wait(status)
+            self._active.wait()
             self._active = None
+        if status is not None:
+            empty_status(status)
         return True
 
     def Test(self, status: MPI.Status | None = None) -> bool:
-        if self._active is not None and self._active.Test(status):
+        if self._active is not None and self._active.test():
             self._active = None
-        return self._active is None
+        done = self._active is None
+        if done and status is not None:
+            empty_status(status)
+        return done
 
     def Free(self) -> None:
         if self._active is not None:
             raise ValueError(f"ringtree persistent {self._name}: Free while a call is active; Wait for it first")
+        if self._bound is not None:
+            self._bound.free()
+            self._bound = None
         self._freed = True
 
     start, wait, test, free = Start, Wait, Test, Free

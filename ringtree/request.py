@@ -54,13 +54,13 @@ class Request:
     def Test(self, status: MPI.Status | None = None) -> bool:
         done = self.test()
         if done and status is not None:
-            _empty(status)
+            empty_status(status)
         return done
 
     def Wait(self, status: MPI.Status | None = None) -> bool:
         self.wait()
         if status is not None:
-            _empty(status)
+            empty_status(status)
         return True
 
 
@@ -143,13 +143,13 @@ class MPIRequest(MPI.Grequest):
 
 def _status(status: MPI.Status, failure: list) -> None:
     """A generalized request's query callback: the empty status, with an error if it failed."""
-    _empty(status)
+    empty_status(status)
     if failure:
         status.error = MPI.ERR_OTHER
         raise MPI.Exception(MPI.ERR_OTHER)  # what the query returns, MPI's wait returns
 
 
-def _empty(status: MPI.Status) -> None:
+def empty_status(status: MPI.Status) -> None:
     """The status of a completed collective: MPI's empty status (the MPI standard, 3.7.3)."""
     status.source, status.tag, status.error = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.SUCCESS
     status.Set_elements(MPI.BYTE, 0)

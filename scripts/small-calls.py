@@ -33,8 +33,9 @@ def persistent(request):
     return call
 
 
-def cases(comm, count: int) -> dict:
-    """name -> (ringtree's call, MPI's call): functions of none."""
+def cases(comm, count: int, requests: list) -> dict:
+    """name -> (ringtree's call, MPI's call): functions of none; the persistent requests made for
+    them go into `requests`, for the caller to free."""
     a, b = np.ones(count), np.empty(count)
     pairs = [(np.ones(count), np.empty(count)), (np.ones(count), np.empty(count))]
     turn = [0]
@@ -55,12 +56,14 @@ def cases(comm, count: int) -> dict:
         y = np.empty_like(x)
         comm.Allreduce(x, y)
 
+    ours, theirs = ringtree.allreduce_init(a, b, comm=comm), comm.Allreduce_init(a, b)
+    requests += [ours, theirs]
     return {
         "new array": (lambda: ringtree.allreduce(np.full(count, 1.0), comm=comm), native_new),
         "two buffers": (alternating(True), alternating(False)),
         "same buffers": (lambda: ringtree.allreduce(a, b, comm=comm), lambda: comm.Allreduce(a, b)),
         "iallreduce": (lambda: ringtree.iallreduce(a, b, comm=comm).wait(), lambda: comm.Iallreduce(a, b).Wait()),
-        "persistent": (persistent(ringtree.allreduce_init(a, b, comm=comm)), persistent(comm.Allreduce_init(a, b))),
+        "persistent": (persistent(ours), persistent(theirs)),
         "broadcast": (lambda: ringtree.broadcast(a, root=0, comm=comm), lambda: comm.Bcast(a, 0)),
     }
 
@@ -81,14 +84,17 @@ def main() -> None:
     rows = []
     for nbytes in sizes:
         count = max(1, nbytes // 8)
-        calls = {}
-        for name, (ours, native) in cases(comm, count).items():
+        calls, requests = {}, []
+        made = cases(comm, count, requests)
+        for name, (ours, native) in made.items():
             calls[name], calls[name + " (MPI)"] = ours, native
         for call in calls.values():
             for _ in range(WARM_UP):
                 call()
         median = time_in_turns(comm, calls, 0.01, args.iters, 3.0)
-        for name in cases(comm, 0):
+        for request in requests:
+            request.Free()
+        for name in made:
             rows.append({"size": count * 8, "case": name, "ringtree_us": median[name] * 1e6,
                          "mpi_us": median[name + " (MPI)"] * 1e6, "ratio": median[name] / median[name + " (MPI)"]})
     if comm.Get_rank() == 0:

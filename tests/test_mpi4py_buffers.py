@@ -290,3 +290,38 @@ def test_a_mismatch_the_progress_thread_found_is_raised_by_the_requests_own_wait
     except Exception as error:  # noqa: BLE001 - what else it raised is the failure
         failures = [f"{type(error).__name__}: {error}"]
     assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("kind", [MPI.SUM, MPI.MAX, ringtree.ops.ReduceOp.AVG])
+def test_a_persistent_allreduce_that_settles_on_mpis_own_binds_its_persistent_request_and_stays_right(comm, kind,
+                                                                                                       in_place):
+    from ringtree.runtime.native import NativePlan
+    from ringtree.runtime.state import existing_state
+
+    private = comm.Dup()  # a state of its own: the shapes its calls settle on are this test's
+    rank, size = private.Get_rank(), private.Get_size()
+    data, out = np.zeros(8, np.float64), np.zeros(8, np.float64)
+    request = ringtree.allreduce_init(MPI.IN_PLACE if in_place else data, out if in_place else out, kind,
+                                      comm=private)
+    failures = []
+    for step in range(150):  # past online tuning's trials of the shape
+        values = np.arange(8) * (rank + 1) + step
+        (out if in_place else data)[:] = values
+        request.Start()
+        request.Wait()
+        expected = np.empty(8)
+        private.Allreduce(values.astype(np.float64), expected, MPI.SUM if kind is ringtree.ops.ReduceOp.AVG else kind)
+        if kind is ringtree.ops.ReduceOp.AVG:
+            expected /= size
+        if not np.array_equal(out, expected):
+            failures.append(f"start {step}: {out} != {expected}")
+            break
+    state = existing_state(private)
+    settled = [plan for key, plan in state.repeats.items() if key[2] == np.float64 and key[3] == 8]
+    native = bool(settled) and all(type(plan) is NativePlan for plan in settled)
+    if native != (request._bound is not None):
+        failures.append(f"bound {request._bound is not None}, but the shape's settled plans are {settled}")
+    request.Free()
+    assert_everywhere(comm, failures)
+    private.Free()

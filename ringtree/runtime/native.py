@@ -18,7 +18,7 @@ from .in_flight import IN_FLIGHT, progress_others
 from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
 from .stalls import watched
 
-__all__ = ["NativePlan", "NativeInFlight", "reduces", "native_plan", "run_native", "run_started", "native_runner",
+__all__ = ["NativePlan", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started", "native_runner",
            "start_native", "free_plan", "MPIOwn"]
 
 # How long a wait in MPI's own collective only polls and yields, before it looks for a mismatch and
@@ -181,6 +181,48 @@ class NativeInFlight:
         if self.plan.average:
             self.plan.divide(self.target, self.state.size)
         self.then()
+
+
+class BoundNative:
+    """MPI's own persistent allreduce (Allreduce_init) of a persistent request's arrays, on a native
+    plan of its own (native_plan, made when the request binds it, freed with it): each Start and Wait
+    is MPI's, waited for as run_native waits."""
+
+    __slots__ = ("plan", "state", "request", "arrays", "what", "seq")
+
+    def __init__(self, plan: NativePlan, state, source, target, in_place: bool, what) -> None:
+        self.plan, self.state, self.arrays, self.what, self.seq = plan, state, (source, target), what, 0
+        self.request = plan.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, plan.op)
+
+    def start(self) -> None:
+        state = self.state
+        if state.broken is not None:
+            state.check_usable()
+        self.request.Start()
+        self.seq = state.calls  # counted as every call is (run_native)
+        state.calls = self.seq + 1
+
+    def test(self) -> bool:
+        progress_others()
+        if not self.request.Test():
+            return False
+        self._complete()
+        return True
+
+    def wait(self) -> None:
+        if not self.request.Test():
+            watched(partial(_wait, self.request, self.state, self.seq, self.plan.signature, self.arrays), self.what)
+        self._complete()
+
+    def _complete(self) -> None:
+        if self.plan.average:
+            self.plan.divide(self.arrays[1], self.state.size)
+
+    def free(self) -> None:
+        """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""
+        self.request.Free()
+        if self.state.broken is None:
+            self.plan.comm.Free()
 
 
 def start_native(plan: NativePlan, state, source, target, in_place: bool, trial, what) -> NativeInFlight:

@@ -18,10 +18,18 @@ from .mismatch import UNKNOWN, everywhere
 from .state import LAST, existing_state
 from .threads import FIRST_IN, THREADED, enter_call, get_ident, leave_call, note_thread, thread_token
 
-__all__ = ["THREADS_BIT", "first_caller", "intruded", "one_caller", "second_thread"]
+__all__ = ["THREADS_BIT", "in_call", "first_caller", "intruded", "one_caller", "second_thread"]
 
 THREADS_BIT = 1 << 3  # of a signature's code: within the 7 bits that the smallest TAG_UB leaves
 SWITCH_WINDOW = 64  # calls confirmed from each call on a communicator by another thread than the call before
+
+
+def in_call(comm, run, *arguments, confirm=None):
+    """run(*arguments) as a call on `comm` under the thread rules: first_caller while one thread has
+    called ringtree, one_caller once several have."""
+    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):
+        return one_caller(comm, run, *arguments, confirm=confirm)
+    return first_caller(comm, run, *arguments, confirm=confirm)
 
 
 def first_caller(comm, run, *arguments, confirm=None):
