@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -18,24 +17,22 @@ from .algorithms.lower import Shape
 from .buffers import converted_call, is_plain_call
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
-from .ops import ReduceOp, known_op, named_defaults, parse_op
+from .ops import known_op, named_defaults, parse_op
 from .request import Request
 from .runtime import reliability, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repeat_of, steps_runner
-from .runtime.backend import Backend, NumpyBackend, backend_for
-from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import Execution
-from .runtime.in_flight import IN_FLIGHT, LOCK
-from .runtime.mismatch import Signature, Watch, signature
+from .runtime.backend import NumpyBackend, backend_for
+from .runtime.in_flight import IN_FLIGHT
+from .runtime.mismatch import Watch, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native, start_native
 from .runtime.one_caller import in_call, intruded, one_caller
+from .runtime.plan import Plan, schedule_plan
 from .runtime.refusal import refusing
 from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import FIRST_IN, THREADED, get_ident, note_thread
 from .runtime.transports import routed, transport_for
-from .schedule.staging import is_host
 from .tuning.online import NATIVE, Tuner, key_of
 from .tuning.selector import WINDOW, choice_of, log_choice, select, table
 
@@ -207,34 +204,6 @@ def _through_host(source, target, recvbuf, op, comm, algorithm, segment, check, 
     return Request(request._execution, recvbuf, lambda: backend.to_device(host, target, stream))
 
 
-class CallPlan(NamedTuple):
-    """What every call of one shape shares: built on the first, looked up after."""
-
-    compiled: CompiledSchedule
-    steps: tuple | None  # the compiled steps, where the stepwise path may run them
-    in_place_steps: tuple | None
-    backend: Backend
-    reduce: object
-    bound: tuple | None  # the stepwise path's (reduce, copy, divide): backend.bind(reduce), once
-    average: bool
-    dtype: object
-    free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
-    stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
-    peers: tuple  # the ranks the schedule exchanges with, for a stall warning
-    signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
-    transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
-
-    def take_scratch(self) -> list:
-        """Scratch buffers a finished call left, or new ones."""
-        return self.free_scratch.pop() if self.free_scratch else _new_scratch(self.compiled, self.backend, self.dtype)
-
-    def finish(self, target, scratch: list, nranks: int, divide) -> None:
-        """After a call's last op: divide for avg, and keep the scratch for the next call."""
-        if self.average:
-            divide(target, nranks)
-        self.free_scratch.append(scratch)
-
-
 def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     """Check the arguments and find (or build) the call plan; in check mode, agree with the other
     ranks on the call; return what a call needs, and the online tuning trial it is, if any."""
@@ -328,7 +297,7 @@ def _line_up(state, signature, timeout) -> None:
             f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial")
 
 
-def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segment) -> CallPlan | NativePlan:
+def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segment) -> Plan | NativePlan:
     """Build the plan of `choice` for a new call shape, kept under `plan_key` for the calls after;
     `algorithm` and `segment` are the caller's, for the plan's signature."""
     dtype = target.dtype
@@ -342,38 +311,20 @@ def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segmen
         return call
     stepwise = choice.stepwise and not backend.asynchronous
     transport, ipc_peers, choice = routed(state, backend, choice, segment)
-    runnable = compiled(Shape(choice.algorithm, state.size, state.rank, target.size,
-                              max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW,
-                              backend.staged, stepwise, topology=state.topology if state.topology.nodes > 1 else None,
-                              ipc_peers=ipc_peers))
-    reduce = backend.reducer(reduce_op)
-    call = state.plans[plan_key] = CallPlan(
-        runnable, runnable.steps, runnable.in_place_steps, backend, reduce, backend.bind(reduce) if stepwise else None,
-        reduce_op is ReduceOp.AVG, dtype, [], _new_scratch(runnable, backend, dtype) if stepwise else [],
-        tuple(sorted({op.peer for op in runnable.schedule.ops if op.peer is not None})), sign, transport)
+    shape = Shape(choice.algorithm, state.size, state.rank, target.size,
+                  max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW, backend.staged, stepwise,
+                  topology=state.topology if state.topology.nodes > 1 else None, ipc_peers=ipc_peers)
+    call = state.plans[plan_key] = schedule_plan(shape, backend, reduce_op, dtype, sign, transport)
     return call
 
 
-def _new_scratch(runnable: CompiledSchedule, backend, dtype) -> list:
-    return [(backend.host_empty if is_host(name) else backend.empty)(size, dtype)
-            for name, size in runnable.schedule.scratch]
-
-
-def _start(call, state, source, target, recvbuf, inplace, timeout, trial=None) -> Request:
-    reduce, copy, divide = call.backend.bind(call.reduce, call.transport is not None)
-    scratch = call.take_scratch()
+def _start(call: Plan, state, source, target, recvbuf, inplace, timeout, trial=None) -> Request:
+    if trial is None:
+        return Request(call.start(state, source, target, inplace, timeout), recvbuf)
     started = time.perf_counter()
-
-    def finish() -> None:
-        call.finish(target, scratch, state.size, divide)
-        if trial is not None:
-            Tuner.record(trial, time.perf_counter() - started)
-
-    with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
-        execution = Execution(call.compiled, [source, target, *scratch], inplace, reduce, copy, state, call.signature,
-                              finish, timeout, call.backend.asynchronous, call.transport)
-    if trial is not None:
-        Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
+    execution = call.start(state, source, target, inplace, timeout,
+                           lambda: Tuner.record(trial, time.perf_counter() - started))
+    Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
     return Request(execution, recvbuf)
 
 

@@ -28,19 +28,17 @@ from .request import Request
 from .runtime import reliability, timeline
 from .runtime.again import AGAIN, steps_runner
 from .runtime.backend import NumpyBackend
-from .runtime.compiled import CompiledSchedule, compiled
-from .runtime.engine import Execution
-from .runtime.in_flight import IN_FLIGHT, LOCK
+from .runtime.in_flight import IN_FLIGHT
 from .runtime.mismatch import Signature, signature
 from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_started
 from .runtime.one_caller import in_call
+from .runtime.plan import Plan, schedule_plan
 from .runtime.refusal import refusing
 from .runtime.stalls import watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
 from .runtime.threads import THREADED
 from .runtime.transports import routed
-from .schedule.staging import is_host
 from .tuning.collectives import NATIVE, choose
 from .tuning.selector import WINDOW
 
@@ -256,7 +254,7 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     written = tuple(value for value in buffers if type(value) is np.ndarray and value is call.result)
     native = _native_start(call, plan.op) if type(plan) is NativePlan else None
     steps = None
-    if type(plan) is CollectivePlan and plan.bound is not None and timeout is None:  # stepwise waits keep none
+    if type(plan) is Plan and plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.compiled.in_place_steps if call.inplace else plan.compiled.steps
         steps = steps_runner(plan, state, bound_steps(compiled_steps, [call.source, call.target,
                                                                        *plan.stepwise_scratch], state.remote), call.target)
@@ -279,28 +277,6 @@ def _agree(repeat: _Repeat, comm) -> None:
 
 def _agreement(record, low, comm, seconds) -> None:
     allreduce(record, low, MPI.MIN, comm=comm, check=False, algorithm="recursive_doubling", timeout=seconds)
-
-
-class CollectivePlan(NamedTuple):
-    """What every call of one shape shares: built on the first, looked up after."""
-
-    compiled: CompiledSchedule
-    backend: object
-    reduce: object
-    average: bool
-    dtype: object
-    free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
-    signature: Signature
-    bound: tuple | None  # the stepwise path's (reduce, copy, divide), where it may run the plan's steps
-    stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
-    transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
-
-    def take_scratch(self) -> list:
-        return self.free_scratch.pop() if self.free_scratch else self.new_scratch()
-
-    def new_scratch(self) -> list:
-        return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
-                for name, size in self.compiled.schedule.scratch]
 
 
 def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None, untimed: bool):
@@ -326,13 +302,9 @@ def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment
         # An unsplit schedule of host arrays may also run a step at a time (runtime/stepwise.py), as a
         # blocking call with nothing else in flight does: unsplit, there is nothing for the engine to overlap.
         stepwise = not segment_elements and not call.backend.asynchronous
-        runnable = compiled(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
-                                  call.backend.staged, stepwise, collective, ipc_peers=ipc_peers))
-        reduce = call.backend.reducer(call.reduce_op) if call.reduce_op is not None else None
-        plan = CollectivePlan(runnable, call.backend, reduce, call.reduce_op is ReduceOp.AVG, dtype, [], sign,
-                              call.backend.bind(reduce) if stepwise else None, [], transport)
-        if stepwise:
-            plan.stepwise_scratch.extend(plan.new_scratch())
+        plan = schedule_plan(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
+                                   call.backend.staged, stepwise, collective, ipc_peers=ipc_peers),
+                             call.backend, call.reduce_op, dtype, sign, transport)
     state.plans[key] = plan
     return plan
 
@@ -343,18 +315,7 @@ def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
         native = NativeInFlight(plan, state, call.source, call.target, call.inplace, _nothing, repeat.what,
                                 repeat.native)
         return Request(native, call.result, call.after)
-    reduce, copy, divide = plan.backend.bind(plan.reduce, plan.transport is not None)  # reduce None: reduces nothing
-    scratch = plan.take_scratch()
-
-    def finish() -> None:
-        if plan.average:
-            divide(call.target, state.size)
-        plan.free_scratch.append(scratch)
-
-    with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
-        execution = Execution(plan.compiled, [call.source, call.target, *scratch], call.inplace, reduce, copy, state,
-                              plan.signature, finish, timeout, plan.backend.asynchronous, plan.transport)
-    return Request(execution, call.result, call.after)
+    return Request(plan.start(state, call.source, call.target, call.inplace, timeout), call.result, call.after)
 
 
 def _nothing() -> None:

@@ -40,7 +40,7 @@ class NativePlan(NamedTuple):
     signature: Signature
     buffer: np.ndarray | None  # the persistent request's, in place; None: Iallreduce on the caller's arrays
     request: MPI.Prequest | None
-    steps = None  # as a CallPlan without a stepwise path: allreduce's repeat path takes neither
+    steps = None  # as a Plan without a stepwise path: allreduce's repeat path takes neither
     in_place_steps = None
     peers = ()  # whom it waits for is MPI's business
 
@@ -172,8 +172,9 @@ class NativeInFlight:
     def wait(self) -> None:
         if self.done:
             return
-        watched(partial(_wait, self.request, self.state, self.seq, self.plan.signature, (self.source, self.target)),
-                self.what)
+        if not self.request.Test():
+            watched(partial(_wait, self.request, self.state, self.seq, self.plan.signature,
+                            (self.source, self.target)), self.what)
         self._complete()
 
     def _complete(self) -> None:
@@ -228,15 +229,15 @@ class BoundNative:
 def start_native(plan: NativePlan, state, source, target, in_place: bool, trial, what) -> NativeInFlight:
     """iallreduce's call of MPI's own allreduce, started; a trial of online tuning (`trial`) records
     its time once it is done."""
+    if trial is None:
+        return NativeInFlight(plan, state, source, target, in_place, _nothing, what)
     started = time.perf_counter()
 
     def finish() -> None:
-        if trial is not None:
-            Tuner.record(trial, time.perf_counter() - started)
+        Tuner.record(trial, time.perf_counter() - started)
 
     native = NativeInFlight(plan, state, source, target, in_place, finish, what)
-    if trial is not None:
-        Tuner.in_flight(trial, native.wait)
+    Tuner.in_flight(trial, native.wait)
     return native
 
 
@@ -299,3 +300,7 @@ class MPIOwn:
         if not self.done:
             IN_FLIGHT.progress_until(self.request.Test)
             self.done = True
+
+
+def _nothing() -> None:
+    pass

@@ -60,7 +60,7 @@ class CommState:
                     f"RINGTREE_TRANSPORT={current.transport}")
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
-        self.plans: dict = {}  # per call shape: the CallPlan (or NativePlan) allreduce built on the first call
+        self.plans: dict = {}  # per call shape: the Plan (or NativePlan) built on its first call
         self.transports: dict = {}  # device layer -> its IpcTransport, or None (runtime/transports.py)
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
         # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's).

@@ -1,0 +1,68 @@
+"""The plan of a call shape that runs on ringtree's own schedule: built on the first call of the shape,
+looked up after (MPI's own collective is the other kind of plan: native.NativePlan)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..algorithms.lower import Shape
+from ..ops import ReduceOp
+from ..schedule.staging import is_host
+from .compiled import CompiledSchedule, compiled
+from .engine import Execution
+from .in_flight import LOCK
+from .mismatch import Signature
+
+__all__ = ["Plan", "schedule_plan"]
+
+
+class Plan(NamedTuple):
+    """What every call of one shape shares."""
+
+    compiled: CompiledSchedule
+    steps: tuple | None  # the compiled steps, where the stepwise path may run them
+    in_place_steps: tuple | None
+    backend: object
+    reduce: object  # the backend's reduction of the op; None for a collective that reduces nothing
+    bound: tuple | None  # the stepwise path's (reduce, copy, divide): backend.bind(reduce), once
+    average: bool
+    dtype: object
+    free_scratch: list  # scratch buffer sets of finished calls, for the next call to reuse
+    stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
+    peers: tuple  # the ranks the schedule exchanges with, for a stall warning
+    signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
+    transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
+
+    def new_scratch(self) -> list:
+        return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
+                for name, size in self.compiled.schedule.scratch]
+
+    def start(self, state, source, target, inplace: bool, timeout, then=None) -> Execution:
+        """Start a call of the plan on these arrays; `then()` runs once it is done."""
+        reduce, copy, divide = self.backend.bind(self.reduce, self.transport is not None)  # None reduces nothing
+        scratch = self.free_scratch.pop() if self.free_scratch else self.new_scratch()
+
+        def finish() -> None:
+            if self.average:
+                divide(target, state.size)
+            self.free_scratch.append(scratch)
+            if then is not None:
+                then()
+
+        with LOCK:  # it posts its first messages into IN_FLIGHT, which another thread may be polling
+            return Execution(self.compiled, [source, target, *scratch], inplace, reduce, copy, state, self.signature,
+                             finish, timeout, self.backend.asynchronous, self.transport)
+
+
+def schedule_plan(shape: Shape, backend, reduce_op: ReduceOp | None, dtype, signature: Signature, transport) -> Plan:
+    """The Plan of `shape`'s program with these arrays' backend and dtype (the stepwise path's scratch
+    and bound functions made where the shape has steps)."""
+    runnable = compiled(shape)
+    reduce = backend.reducer(reduce_op) if reduce_op is not None else None
+    stepwise = runnable.steps is not None
+    plan = Plan(runnable, runnable.steps, runnable.in_place_steps, backend, reduce,
+                backend.bind(reduce) if stepwise else None, reduce_op is ReduceOp.AVG, dtype, [], [],
+                tuple(sorted({op.peer for op in runnable.schedule.ops if op.peer is not None})), signature, transport)
+    if stepwise:
+        plan.stepwise_scratch.extend(plan.new_scratch())
+    return plan
