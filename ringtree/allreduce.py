@@ -22,7 +22,8 @@ from .request import Request
 from .runtime import reliability, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repeat_of, steps_runner
 from .runtime.backend import NumpyBackend, backend_for
-from .runtime.in_flight import IN_FLIGHT
+from .runtime.backoff import wait_until
+from .runtime.in_flight import IN_FLIGHT, progress_others
 from .runtime.mismatch import Watch, signature
 from .runtime.native import NativePlan, native_plan, reduces, run_native, start_native
 from .runtime.one_caller import in_call, intruded, one_caller
@@ -293,7 +294,7 @@ def _line_up(state, signature, timeout) -> None:
         return False
 
     # Backing off: ranks that outnumber the cores must get to run and arrive.
-    watched(partial(IN_FLIGHT.progress_until, arrived, Watch(state, state.calls, signature).look),
+    watched(partial(wait_until, arrived, lambda: Watch(state, state.calls, signature), progress=progress_others),
             f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial")
 
 

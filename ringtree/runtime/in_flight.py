@@ -12,10 +12,10 @@ from mpi4py import MPI
 from ..errors import MismatchError, PeerFailure
 from ..schedule import OpKind
 from . import reliability
-from .backoff import back_off
+from .backoff import Backoff
 from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
 from .ipc import MessageError, WrongSize, mismatch
-from .mismatch import LOOK_EVERY, Watch
+from .mismatch import Watch
 from .remote_sends import RemoteSends
 from .stalls import slot
 
@@ -163,23 +163,12 @@ class InFlight:
                 held[0].resume(held[1])
         return error
 
-    def progress_until(self, done, look=None) -> None:
-        """Poll until `done()` is true, progressing every collective in flight meanwhile, and backing
-        off while nothing moves: a wait on a request of MPI's own that must not block inside MPI.
-        `look`, if given, is called every LOOK_EVERY empty polls (mismatch.Watch.look)."""
-        idle = 0
-        while not done():
-            idle = 0 if self.poll() else idle + 1
-            if look is not None and idle and idle % LOOK_EVERY == 0:
-                look()
-            back_off(idle)
-
     def wait(self, execution) -> None:
         """Progress every collective in flight until `execution` is done. With its timeout, raise
         TimeoutError once no message completes for that long, and meanwhile answer other ranks'
         questions about who is still here."""
         timeout = execution.timeout
-        idle = 0
+        backoff = Backoff()
         watch = None  # made once idle: it looks for signs of a mismatch (mismatch.py)
         last_progress = next_answer = time.perf_counter()
         waiting = slot()  # for the stall watchdog (stalls.py)
@@ -200,7 +189,7 @@ class InFlight:
                 if execution.failed is not None:  # another thread's poll abandoned it
                     raise execution.failed
                 if progressed:
-                    idle = 0
+                    backoff.moved()
                     waiting[1] += 1
                     if timeout is not None:
                         last_progress = time.perf_counter()
@@ -214,15 +203,13 @@ class InFlight:
                         with LOCK:
                             raise self.abandon(execution, reliability.timed_out(execution, self.ops_of(execution),
                                                                                 timeout))
-                idle += 1
-                if idle % LOOK_EVERY == 0:
+                if backoff.empty():
                     if watch is None:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up,
                                       announce=execution.signature.collective != "allreduce")
                     watch.look()
-                back_off(idle)
         finally:
             waiting[0] = None
 

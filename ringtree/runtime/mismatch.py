@@ -34,6 +34,7 @@ from mpi4py import MPI
 from ..algorithms import REGISTRY
 from ..errors import MismatchError
 from ..ops import ReduceOp
+from .backoff import Backoff
 
 __all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "refused", "ranks_text",
            "CALL", "REFUSED"]
@@ -41,7 +42,6 @@ __all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch"
 CALL = 3  # the control communicator's tag for a rank's signature (reliability.py uses 1 and 2)
 ANNOUNCE_SECONDS = 0.5  # a wait in MPI's own allreduce idle this long tells the others which call it is in
 GATHER_SECONDS = 6.0  # how long a rank that raises waits for the others' signatures
-LOOK_EVERY = 256  # empty polls between looks for another rank's signature
 REFUSED = "refused its arguments: "  # how a rank's report says it refused a call (refusal.py)
 
 _DTYPES = "?bBhHiIlLqQefdgFDG"
@@ -227,17 +227,32 @@ def refused(state, seq: int, why: str) -> bool:
     """Tell every other rank that this one refused call #seq (a report, raised, with REFUSED + `why`), and
     wait until each has answered with its own report of that call: refused too, or raised on learning
     of it. Say whether every rank refused; if not, the communicator is unusable here too."""
-    _tell(state, seq, UNKNOWN, True, REFUSED + why)
+    # Refusals count no call, so ranks that refuse calls in a row report them under one seq: the
+    # signature's count says which refusal a report is of, and a rank that has gone on to the next
+    # has refused this one (it heard from every rank first).
+    mine = state.refusals
+    _tell(state, seq, UNKNOWN._replace(count=mine), True, REFUSED + why)
     others = [rank for rank in range(state.size) if rank != state.rank]
-    status = MPI.Status()
-    while not all(state.reports.get(seq, {}).get(rank, (0, 0, False))[2] for rank in others):
+    status, backoff = MPI.Status(), Backoff()
+
+    def answered(report) -> bool:
+        return report is not None and report[2] and (not report[3].startswith(REFUSED) or report[1].count >= mine)
+
+    while not all(answered(state.reports.get(seq, {}).get(rank)) for rank in others):
         while state.control.Iprobe(MPI.ANY_SOURCE, CALL, status):
             source = status.Get_source()
             _keep(state, source, state.control.recv(source=source, tag=CALL))
-        time.sleep(0.0002)
-    answers = state.reports.pop(seq)
+        backoff.empty()
+    reports = state.reports[seq]
+    answers = {rank: reports[rank] for rank in others}
+    for rank in others:  # a report of the next refusal stays for it
+        if not (answers[rank][3].startswith(REFUSED) and answers[rank][1].count > mine):
+            del reports[rank]
+    if not reports:
+        del state.reports[seq]
     state.raised.difference_update(others)  # their reports of this call, not of a mismatch to come
     if all(answers[rank][3].startswith(REFUSED) for rank in others):
+        state.refusals = mine + 1
         return True
     went_on = [rank for rank in others if not answers[rank][3].startswith(REFUSED)]
     state.broken = MismatchError(f"ringtree on rank {state.rank}: it refused its arguments to call #{seq}, which "
@@ -269,18 +284,17 @@ def _told(state, seq: int, signature: Signature, why: str, reason: str) -> Misma
     status = MPI.Status()
     deadline = time.perf_counter() + GATHER_SECONDS
     reports = state.reports.setdefault(seq, {})
+    backoff = Backoff()
     while len(state.raised) < others and time.perf_counter() < deadline:  # until every rank knows
-        idle = True
+        backoff.empty()
         while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
-            idle = False
+            backoff.moved()
             source = status.Get_source()
             _keep(state, source, control.recv(source=source, tag=CALL))
         message = comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
         if message is not None:  # a message of this call, which a blocked sender waits to hand over
-            idle = False
+            backoff.moved()
             message.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
-        if idle:
-            time.sleep(0.0005)
     return MismatchError(_message(state, seq, signature, why, reason, reports))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from functools import partial
 from typing import NamedTuple
@@ -13,9 +12,9 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
-from .backoff import SLEEP_SECONDS, SPINS_BEFORE_YIELD
-from .in_flight import IN_FLIGHT, progress_others
-from .mismatch import LOOK_EVERY, Signature, Watch, everywhere
+from .backoff import wait_until
+from .in_flight import progress_others
+from .mismatch import Signature, Watch, everywhere
 from .stalls import watched
 
 __all__ = ["NativePlan", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started", "native_runner",
@@ -247,33 +246,10 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
     a mismatch, the request stays in flight, so its `arrays` are kept with the broken communicator's
     state: MPI may still write into them (a peer's part of the collective, arriving late)."""
     try:
-        _polled(request, state, seq, signature)
+        wait_until(request.Test, lambda: Watch(state, seq, signature, announce=True), QUIET_SECONDS, progress_others)
     except MismatchError:
         state.abandoned.append((request, arrays))
         raise
-
-
-def _polled(request: MPI.Request, state, seq: int, signature: Signature) -> None:
-    test = request.Test
-    idle, watch, since = 0, None, None
-    while not test():
-        idle += 1
-        moved = progress_others()
-        if idle < SPINS_BEFORE_YIELD:
-            continue
-        if idle % LOOK_EVERY == 0:
-            if since is None:
-                since = time.perf_counter()
-            elif watch is not None or time.perf_counter() - since > QUIET_SECONDS:
-                if watch is None:
-                    watch = Watch(state, seq, signature, announce=True)
-                watch.look()
-        if moved:
-            continue
-        if watch is None:
-            os.sched_yield()
-        else:
-            time.sleep(SLEEP_SECONDS)
 
 
 def _bytes(array: np.ndarray) -> memoryview:
@@ -298,7 +274,7 @@ class MPIOwn:
 
     def wait(self) -> None:
         if not self.done:
-            IN_FLIGHT.progress_until(self.request.Test)
+            wait_until(self.request.Test, progress=progress_others)
             self.done = True
 
 

@@ -29,8 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
-from .backoff import back_off
-from .mismatch import CALL, LOOK_EVERY, Signature, Watch, ranks_text
+from .backoff import Backoff, wait_until
+from .mismatch import CALL, Signature, Watch, ranks_text
 from .stalls import watched
 
 PING, PRESENT = 1, 2  # tags on the control communicator (mismatch.py's CALL is 3)
@@ -98,15 +98,8 @@ def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout:
 def _compared(state, mine: np.ndarray, low: np.ndarray, seq: int, signature: Signature) -> None:
     """MPI's own MIN allreduce of the records, polled, with a look for signs of a mismatch now and then."""
     request = state.comm.Iallreduce(mine, low, MPI.MIN)
-    idle, watch = 0, None
-    while not request.Test():
-        idle += 1
-        if idle % LOOK_EVERY == 0:
-            if watch is None:  # made once idle: most comparisons end before
-                watch = Watch(state, seq, signature, lambda error: state.abandoned.append((request, mine, low)),
-                              compare=False)
-            watch.look()
-        back_off(idle)
+    wait_until(request.Test, lambda: Watch(state, seq, signature, lambda error: state.abandoned.append(
+        (request, mine, low)), compare=False))
 
 
 def agreement_described(state, call: tuple) -> str:
@@ -167,9 +160,10 @@ def _ask_who_is_here(state, seq: int) -> dict[int, int]:
     asks = [state.control.isend(seq, r, PING) for r in others]
     present: dict[int, int] = {}
     status = MPI.Status()
-    deadline = time.perf_counter() + GRACE_SECONDS
+    deadline, backoff = time.perf_counter() + GRACE_SECONDS, Backoff()
     while len(present) < len(others) and time.perf_counter() < deadline:
         if state.control.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            backoff.moved()
             source, tag = status.Get_source(), status.Get_tag()
             their_seq = state.control.recv(source=source, tag=tag)
             if tag == CALL:  # a rank's signature (mismatch.py): it is in that call
@@ -178,7 +172,7 @@ def _ask_who_is_here(state, seq: int) -> dict[int, int]:
             if tag == PING:
                 state.answers.append(state.control.isend(seq, source, PRESENT))
         else:
-            time.sleep(0.001)
+            backoff.empty()
     for request in asks:
         request.Free()
     return present

@@ -22,7 +22,8 @@ from ..tuning import cache, selector
 from ..tuning.online import Tuner
 from ..version import __version__
 from . import stalls, timeline
-from .in_flight import IN_FLIGHT
+from .backoff import wait_until
+from .in_flight import progress_others
 from .mismatch import TagLayout
 from .native import NativePlan, free_plan
 from .threads import THREADED, thread_token
@@ -110,6 +111,7 @@ class CommState:
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
         # {call number: {rank: its (seq, Signature, raised, reason, whether threads_bit is set)}}: others' signatures
         self.reports: dict = {}
+        self.refusals = 0  # calls every rank refused (mismatch.refused): they tell one refusal from the next
         self.tuner = None if current.tune == "off" else _tuner(self.comm, self.topology, current)
         self.signatures = current.signatures
 
@@ -221,16 +223,21 @@ def _wait(*requests, timeout, rank, name) -> None:
             if not THREADED[1]:
                 MPI.Request.Waitall(requests)
             else:  # other threads' collectives move meanwhile
-                IN_FLIGHT.progress_until(lambda: MPI.Request.Testall(requests))
+                wait_until(lambda: MPI.Request.Testall(requests), progress=progress_others)
         stalls.watched(wait, f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}")
         return
     deadline = time.perf_counter() + timeout
-    while not MPI.Request.Testall(requests):
+
+    def arrived() -> bool:
+        if MPI.Request.Testall(requests):
+            return True
         if time.perf_counter() > deadline:
             raise TimeoutError(f"ringtree on rank {rank}: not every rank of {name} came to its first ringtree "
                                f"collective within {timeout:g} s (which ranks is not known before that "
                                "collective has set the communicator up)")
-        time.sleep(0.0005)
+        return False
+
+    wait_until(arrived)
 
 
 def existing_state(comm: MPI.Comm) -> CommState | None:

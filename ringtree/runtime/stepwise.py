@@ -15,11 +15,11 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..schedule import OpKind
-from .backoff import back_off
+from .backoff import Backoff, wait_until
 from .compiled import EXCHANGE
 from .failures import error_classes, translated, wrong_size
 from .in_flight import progress_others
-from .mismatch import LOOK_EVERY, Evidence, Signature, Watch, everywhere
+from .mismatch import Evidence, Signature, Watch, everywhere
 
 __all__ = ["bound_steps", "run_stepwise"]
 
@@ -144,18 +144,21 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
     """The receive from `source` posted for the message a probe shows to be of `tag` and `nbytes`
     (PROBE_FIRST). A notice of another call is received and passed; any other message is received
     into a buffer of its own size, and Evidence raised."""
-    seq, idle, watch = state.calls - 1, 0, None
+    backoff, watch = Backoff(), None
     while True:
         message = comm.improbe(source, ANY_TAG, status)
         if message is None:
-            idle += 1
-            watch = _idle(idle, watch, state, signature)
+            if progress_others():
+                backoff.moved()
+            elif backoff.empty():
+                watch = watch or Watch(state, state.calls - 1, signature)  # made once idle
+                watch.look()
             continue
         got_tag, got = status.Get_tag(), status.Get_count(BYTE)
         if got_tag == tag and got == nbytes:
             return message.Irecv(receive)
         _wait(message.Irecv([bytearray(got), BYTE]), None, state, signature)  # taken, so its sender is not left waiting
-        if state.layout.stale(got_tag, seq):
+        if state.layout.stale(got_tag, state.calls - 1):
             continue
         raise Evidence(wrong_size(source, got, nbytes)) if got_tag == tag else Evidence("", source, got_tag)
 
@@ -163,22 +166,8 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
 def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Signature) -> None:
     """Poll a request of the stepwise path, looking for a mismatch while idle (mismatch.Watch), and
     progressing the collectives other threads have in flight."""
-    idle, watch = 0, None
-    while not request.Test(status):
-        idle += 1
-        watch = _idle(idle, watch, state, signature)
-
-
-def _idle(idle: int, watch: Watch | None, state, signature: Signature) -> Watch | None:
-    """One empty poll of a wait: every LOOK_EVERY, look for a mismatch (with the Watch made at the
-    first look, returned to keep); progress other threads' collectives, or back off."""
-    if idle % LOOK_EVERY == 0:
-        if watch is None:
-            watch = Watch(state, state.calls - 1, signature)
-        watch.look()
-    if not progress_others():
-        back_off(idle)
-    return watch
+    if not request.Test(status):
+        wait_until(lambda: request.Test(status), lambda: Watch(state, state.calls - 1, signature), progress=progress_others)
 
 
 def _cancel(received: MPI.Request | None, sent: MPI.Request | None, state, steps) -> None:
