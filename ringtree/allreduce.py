@@ -294,7 +294,7 @@ def _line_up(state, signature, timeout) -> None:
         return False
 
     # Backing off: ranks that outnumber the cores must get to run and arrive.
-    watched(partial(wait_until, arrived, lambda: Watch(state, state.calls, signature), progress=progress_others),
+    watched(partial(wait_until, arrived, progress_others, 0.0, (Watch, state, state.calls, signature)),
             f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial")
 
 

@@ -51,18 +51,28 @@ class Backoff:
         return idle % LOOK_EVERY == 0
 
 
-def wait_until(done, watch=None, quiet: float = 0.0, progress=None) -> None:
+def wait_until(done, progress=None, quiet: float = 0.0, watch: tuple = ()) -> None:
     """The one loop of every wait outside the engine's: poll until `done()` is true, backing off while
     nothing moves (`quiet` as for Backoff). `progress()`, if given, moves the collectives in flight
-    between polls and says whether any moved (in_flight.progress_others); `watch()`, if given, makes
-    the mismatch.Watch whose look() the wait calls when the back-off says."""
-    if done():
+    between polls and says whether any moved (in_flight.progress_others). `watch`, if given, is
+    (mismatch.Watch, its arguments...): the Watch made once idle, whose look() the wait calls when
+    the back-off says (a tuple, not a closure: a small call's wait makes nothing it does not use)."""
+    spins = 0
+    while not done():  # most waits of a small call end within the first polls
+        if progress is not None and progress():
+            spins = 0
+        else:
+            spins += 1
+            if spins == SPINS_BEFORE_YIELD:
+                break
+    else:
         return
     backoff, looking = Backoff(quiet), None
+    backoff.idle = spins
     while not done():
         if progress is not None and progress():
             backoff.moved()
-        elif backoff.empty() and watch is not None:
+        elif backoff.empty() and watch:
             if looking is None:
-                looking = watch()  # made once idle: most waits end before
+                looking = watch[0](*watch[1:])
             looking.look()

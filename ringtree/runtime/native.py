@@ -246,7 +246,7 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
     a mismatch, the request stays in flight, so its `arrays` are kept with the broken communicator's
     state: MPI may still write into them (a peer's part of the collective, arriving late)."""
     try:
-        wait_until(request.Test, lambda: Watch(state, seq, signature, announce=True), QUIET_SECONDS, progress_others)
+        wait_until(request.Test, progress_others, QUIET_SECONDS, (Watch, state, seq, signature, None, True))
     except MismatchError:
         state.abandoned.append((request, arrays))
         raise
@@ -274,7 +274,7 @@ class MPIOwn:
 
     def wait(self) -> None:
         if not self.done:
-            wait_until(self.request.Test, progress=progress_others)
+            wait_until(self.request.Test, progress_others)
             self.done = True
 
 

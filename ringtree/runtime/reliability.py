@@ -98,8 +98,13 @@ def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout:
 def _compared(state, mine: np.ndarray, low: np.ndarray, seq: int, signature: Signature) -> None:
     """MPI's own MIN allreduce of the records, polled, with a look for signs of a mismatch now and then."""
     request = state.comm.Iallreduce(mine, low, MPI.MIN)
-    wait_until(request.Test, lambda: Watch(state, seq, signature, lambda error: state.abandoned.append(
-        (request, mine, low)), compare=False))
+    wait_until(request.Test, watch=(_comparison_watch, state, seq, signature, request, mine, low))
+
+
+def _comparison_watch(state, seq: int, signature: Signature, request, mine, low) -> Watch:
+    """The Watch of a comparison idle for a while: left by a mismatch, its request and arrays stay with
+    the state (MPI may still write into them)."""
+    return Watch(state, seq, signature, lambda error: state.abandoned.append((request, mine, low)), compare=False)
 
 
 def agreement_described(state, call: tuple) -> str:

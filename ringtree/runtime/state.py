@@ -223,7 +223,7 @@ def _wait(*requests, timeout, rank, name) -> None:
             if not THREADED[1]:
                 MPI.Request.Waitall(requests)
             else:  # other threads' collectives move meanwhile
-                wait_until(lambda: MPI.Request.Testall(requests), progress=progress_others)
+                wait_until(lambda: MPI.Request.Testall(requests), progress_others)
         stalls.watched(wait, f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}")
         return
     deadline = time.perf_counter() + timeout

@@ -11,6 +11,8 @@ waits progress those that other threads start meanwhile.
 
 from __future__ import annotations
 
+from functools import partial
+
 from mpi4py import MPI
 
 from ..errors import MismatchError
@@ -166,8 +168,8 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
 def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Signature) -> None:
     """Poll a request of the stepwise path, looking for a mismatch while idle (mismatch.Watch), and
     progressing the collectives other threads have in flight."""
-    if not request.Test(status):
-        wait_until(lambda: request.Test(status), lambda: Watch(state, state.calls - 1, signature), progress=progress_others)
+    if not request.Test(status):  # most are done at once: nothing made for them
+        wait_until(partial(request.Test, status), progress_others, 0.0, (Watch, state, state.calls - 1, signature))
 
 
 def _cancel(received: MPI.Request | None, sent: MPI.Request | None, state, steps) -> None:
