@@ -64,7 +64,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
             and (again.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
         if THREADED[1]:
             return one_caller(comm, _watched_again, again, recvbuf, confirm=confirm_end)
-        outer, FIRST_IN[0] = FIRST_IN[0], again.handle  # one_caller.first_caller, inlined: marked, then
+        outer, FIRST_IN[0] = FIRST_IN[0], again.handle  # as one_caller.in_call marks the first thread's call
         WAITING[0] = again  # for the stall watchdog (runtime/stalls.py): watched, inlined
         try:
             if THREADED[1]:  # THREADED read again: a second thread has called since

@@ -18,24 +18,19 @@ from .mismatch import UNKNOWN, everywhere
 from .state import LAST, existing_state
 from .threads import FIRST_IN, THREADED, enter_call, get_ident, leave_call, note_thread, thread_token
 
-__all__ = ["THREADS_BIT", "in_call", "first_caller", "intruded", "one_caller", "second_thread"]
+__all__ = ["THREADS_BIT", "in_call", "intruded", "one_caller", "second_thread"]
 
 THREADS_BIT = 1 << 3  # of a signature's code: within the 7 bits that the smallest TAG_UB leaves
 SWITCH_WINDOW = 64  # calls confirmed from each call on a communicator by another thread than the call before
 
 
 def in_call(comm, run, *arguments, confirm=None):
-    """run(*arguments) as a call on `comm` under the thread rules: first_caller while one thread has
-    called ringtree, one_caller once several have."""
+    """run(*arguments) as a call on `comm` under the thread rules: once several threads call ringtree,
+    as one_caller runs it. Before, in the first thread to call: marked as in a call on `comm`
+    (FIRST_IN), so that a second thread's first call on it raises on every rank, and so does this
+    call at its end; `confirm(comm)` ends the communicator's first call."""
     if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):
         return one_caller(comm, run, *arguments, confirm=confirm)
-    return first_caller(comm, run, *arguments, confirm=confirm)
-
-
-def first_caller(comm, run, *arguments, confirm=None):
-    """run(*arguments) in the first thread to call ringtree, while no other has: marked as in a call
-    on `comm` (FIRST_IN), so that a second thread's first call on it raises on every rank, and so
-    does this call at its end; `confirm(comm)` ends the communicator's first call."""
     communicator = MPI.COMM_WORLD if comm is None else comm
     outer = FIRST_IN[0]  # a call of ringtree's own within the call (check mode's agreement) gives it back
     FIRST_IN[0] = getattr(communicator, "handle", None)  # before THREADED is read: a second thread sets that, then reads this
@@ -53,7 +48,7 @@ def first_caller(comm, run, *arguments, confirm=None):
 
 
 def intruded() -> None:
-    """At the end of the first thread's call (first_caller, or allreduce's repeat): raise on every
+    """At the end of the first thread's call (in_call, or allreduce's repeat): raise on every
     rank if a second thread called on its communicator meanwhile."""
     if FIRST_IN[1] is not None:
         comm, FIRST_IN[1] = FIRST_IN[1], None
@@ -68,7 +63,7 @@ def one_caller(comm, run, *arguments, confirm=None):
     communicator = MPI.COMM_WORLD if comm is None else comm
     me = get_ident()
     if not THREADED[1]:
-        note_thread(communicator)  # THREADED set before FIRST_IN is read: first_caller reads them the other way
+        note_thread(communicator)  # THREADED set before FIRST_IN is read: in_call reads them the other way
     first = FIRST_IN[0]  # the first thread's call that began before any other thread called
     if first is not None and me != THREADED[0] and first == getattr(communicator, "handle", None):
         FIRST_IN[1] = communicator
