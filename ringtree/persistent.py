@@ -98,8 +98,8 @@ class PersistentRequest:
             self._active = self._bound
             return
         self._active = self._start()
-        if self._bind is not None:
-            self._bound = self._bind()
+        if self._bind is not None:  # a collective (it makes a communicator) under the thread rules, as any call
+            self._bound = in_call(self._comm, self._bind)
             if self._bound is not None:
                 self._bind = None
 
