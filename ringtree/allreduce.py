@@ -20,7 +20,7 @@ from .errors import TimeoutError
 from .ops import known_op, named_defaults, parse_op
 from .request import Request
 from .runtime import reliability, timeline
-from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, op_key, repeat_of, steps_runner
+from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, repeat_key, repeat_of, steps_runner
 from .runtime.backend import NumpyBackend, backend_for
 from .runtime.backoff import wait_until
 from .runtime.in_flight import IN_FLIGHT, progress_others
@@ -185,7 +185,7 @@ def _remembered(state, call, op, algorithm, target, inplace, trial, check, segme
     given segment; say whether it was kept."""
     if trial is not None or check is not None or segment is not None or settings.current().check or known_op(op) is None:
         return False
-    state.repeats[op_key(op), algorithm, target.dtype, target.size, inplace] = call
+    state.repeats[repeat_key(op, algorithm, target, inplace)] = call
     return True
 
 

@@ -312,14 +312,10 @@ def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment
 def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
     plan = repeat.plan
     if repeat.native is not None:
-        native = NativeInFlight(plan, state, call.source, call.target, call.inplace, _nothing, repeat.what,
+        native = NativeInFlight(plan, state, call.source, call.target, call.inplace, None, repeat.what,
                                 repeat.native)
         return Request(native, call.result, call.after)
     return Request(plan.start(state, call.source, call.target, call.inplace, timeout), call.result, call.after)
-
-
-def _nothing() -> None:
-    pass
 
 
 def _native_start(call: Prepared, op):

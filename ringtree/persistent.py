@@ -12,7 +12,7 @@ from .buffers import converted, is_plain_call, passes_through
 from .checks import checked, checked_timeout
 from .ops import known_op, named_defaults
 from .request import empty_status
-from .runtime.again import described, op_key
+from .runtime.again import described, repeat_key
 from .runtime.backend import NoDevice
 from .runtime.native import BoundNative, NativePlan, native_plan
 from .runtime.one_caller import in_call
@@ -49,7 +49,8 @@ def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
     def start():
         with call.context:
             return iallreduce(call.send, call.recv, op, comm=comm, algorithm=algorithm, check=check, timeout=timeout)
-    if type(target) is not np.ndarray or check is not None or timeout is not None or known_op(op) is None:
+    if (type(target) is not np.ndarray or check is not None or timeout is not None or known_op(op) is None
+            or algorithm != "auto"):  # a named algorithm never settles on MPI's own
         return PersistentRequest(start)
     target = target.reshape(-1)
     source = target if inplace else source.reshape(-1)
@@ -65,7 +66,7 @@ def _bound_native(source, target, inplace, op, reduce_op, comm, algorithm) -> Bo
     state = existing_state(comm)
     if state is None or state.broken is not None or settings.current().check:
         return None
-    shared = state.repeats.get((op_key(op), algorithm, target.dtype, target.size, inplace))
+    shared = state.repeats.get(repeat_key(op, algorithm, target, inplace))
     if type(shared) is not NativePlan:
         return None
     plan = native_plan(reduce_op, shared.divide, state, target.size, target.dtype, shared.signature, persistent=False)

@@ -150,7 +150,7 @@ class NativeInFlight:
     __slots__ = ("plan", "state", "comm", "request", "seq", "source", "target", "then", "what", "done")
 
     def __init__(self, plan: NativePlan, state, source, target, in_place: bool, then, what, start=None) -> None:
-        """`then()` runs once it is done; `what`: the call as a stall warning describes it. `start(comm)`,
+        """`then()`, if given, runs once it is done; `what`: the call as a stall warning describes it. `start(comm)`,
         if given, starts another collective than allreduce on the plan's communicator."""
         self.plan, self.state, self.comm, self.source, self.target = plan, state, state.comm, source, target
         self.then, self.what, self.done = then, what, False
@@ -180,18 +180,20 @@ class NativeInFlight:
         self.done = True
         if self.plan.average:
             self.plan.divide(self.target, self.state.size)
-        self.then()
+        if self.then is not None:
+            self.then()
 
 
-class BoundNative:
+class BoundNative(NativeInFlight):
     """MPI's own persistent allreduce (Allreduce_init) of a persistent request's arrays, on a native
-    plan of its own (native_plan, made when the request binds it, freed with it): each Start and Wait
-    is MPI's, waited for as run_native waits."""
+    plan of its own (native_plan, made when the request binds it, freed with it): each start() is
+    MPI's Start, tested and waited for as NativeInFlight is."""
 
-    __slots__ = ("plan", "state", "request", "arrays", "what", "seq")
+    __slots__ = ()
 
     def __init__(self, plan: NativePlan, state, source, target, in_place: bool, what) -> None:
-        self.plan, self.state, self.arrays, self.what, self.seq = plan, state, (source, target), what, 0
+        self.plan, self.state, self.comm, self.source, self.target = plan, state, state.comm, source, target
+        self.then, self.what, self.done, self.seq = None, what, True, 0  # inactive until started
         self.request = plan.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, plan.op)
 
     def start(self) -> None:
@@ -199,24 +201,9 @@ class BoundNative:
         if state.broken is not None:
             state.check_usable()
         self.request.Start()
+        self.done = False
         self.seq = state.calls  # counted as every call is (run_native)
         state.calls = self.seq + 1
-
-    def test(self) -> bool:
-        progress_others()
-        if not self.request.Test():
-            return False
-        self._complete()
-        return True
-
-    def wait(self) -> None:
-        if not self.request.Test():
-            watched(partial(_wait, self.request, self.state, self.seq, self.plan.signature, self.arrays), self.what)
-        self._complete()
-
-    def _complete(self) -> None:
-        if self.plan.average:
-            self.plan.divide(self.arrays[1], self.state.size)
 
     def free(self) -> None:
         """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""
@@ -229,7 +216,7 @@ def start_native(plan: NativePlan, state, source, target, in_place: bool, trial,
     """iallreduce's call of MPI's own allreduce, started; a trial of online tuning (`trial`) records
     its time once it is done."""
     if trial is None:
-        return NativeInFlight(plan, state, source, target, in_place, _nothing, what)
+        return NativeInFlight(plan, state, source, target, in_place, None, what)
     started = time.perf_counter()
 
     def finish() -> None:
@@ -276,7 +263,3 @@ class MPIOwn:
         if not self.done:
             wait_until(self.request.Test, progress_others)
             self.done = True
-
-
-def _nothing() -> None:
-    pass

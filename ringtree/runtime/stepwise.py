@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..schedule import OpKind
-from .backoff import Backoff, wait_until
+from .backoff import wait_until
 from .compiled import EXCHANGE
 from .failures import error_classes, translated, wrong_size
 from .in_flight import progress_others
@@ -146,21 +146,20 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
     """The receive from `source` posted for the message a probe shows to be of `tag` and `nbytes`
     (PROBE_FIRST). A notice of another call is received and passed; any other message is received
     into a buffer of its own size, and Evidence raised."""
-    backoff, watch = Backoff(), None
+    seq, found = state.calls - 1, [None]
+
+    def probed() -> bool:
+        found[0] = comm.improbe(source, ANY_TAG, status)
+        return found[0] is not None
+
     while True:
-        message = comm.improbe(source, ANY_TAG, status)
-        if message is None:
-            if progress_others():
-                backoff.moved()
-            elif backoff.empty():
-                watch = watch or Watch(state, state.calls - 1, signature)  # made once idle
-                watch.look()
-            continue
+        wait_until(probed, progress_others, 0.0, (Watch, state, seq, signature))
+        message = found[0]
         got_tag, got = status.Get_tag(), status.Get_count(BYTE)
         if got_tag == tag and got == nbytes:
             return message.Irecv(receive)
         _wait(message.Irecv([bytearray(got), BYTE]), None, state, signature)  # taken, so its sender is not left waiting
-        if state.layout.stale(got_tag, state.calls - 1):
+        if state.layout.stale(got_tag, seq):
             continue
         raise Evidence(wrong_size(source, got, nbytes)) if got_tag == tag else Evidence("", source, got_tag)
 
