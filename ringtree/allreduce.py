@@ -293,8 +293,9 @@ def _line_up(state, signature, timeout) -> None:
                                f"before a tuning trial within {timeout:g} s")
         return False
 
-    # Backing off: ranks that outnumber the cores must get to run and arrive.
-    watched(partial(wait_until, arrived, progress_others, 0.0, (Watch, state, state.calls, signature)),
+    # Backing off: ranks that outnumber the cores must get to run and arrive. Announced: a rank in
+    # another call may wait for messages that these ranks send only after the barrier.
+    watched(partial(wait_until, arrived, progress_others, 0.0, (Watch, state, state.calls, signature, None, True)),
             f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial")
 
 

@@ -325,3 +325,26 @@ def test_a_persistent_allreduce_that_settles_on_mpis_own_binds_its_persistent_re
     request.Free()
     assert_everywhere(comm, failures)
     private.Free()
+
+
+def test_a_bound_persistent_allreduce_that_meets_another_call_raises_a_mismatch_on_every_rank(comm):
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to differ")
+    private = comm.Dup()
+    data, out = np.ones(8), np.empty(8)
+    request = ringtree.allreduce_init(data, out, comm=private)
+    for _ in range(150):  # past online tuning's trials of the shape
+        request.Start()
+        request.Wait()
+    failures = []
+    try:
+        if comm.Get_rank() == 0:
+            request.Start()
+            request.Wait()
+        else:
+            ringtree.allreduce(np.ones(100), comm=private)
+        failures.append("no error")
+    except ringtree.MismatchError as error:
+        if f"on rank {comm.Get_rank()}" not in str(error) or "count: 8 on rank 0" not in str(error):
+            failures.append(str(error))
+    assert_everywhere(comm, failures)

@@ -246,6 +246,26 @@ def test_nonblocking_calls_run_mpis_own_allreduce_where_online_tuning_committed_
     assert_everywhere(world, failures)
 
 
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_in_another_call_that_only_receives_meets_the_others_at_a_trials_barrier_and_all_raise(comm):
+    # Rank 0's tree allreduce waits for its children; the others, in the first call of a new shape,
+    # wait at the barrier that starts its trial and send nothing: only their word of which call
+    # they wait in shows the difference.
+    private = comm.Dup()
+    failures = []
+    try:
+        if comm.Get_rank() == 0:
+            ringtree.allreduce(np.ones(8), comm=private, algorithm="tree")
+        else:
+            ringtree.allreduce(np.arange(3000, dtype=np.uint16), comm=private)
+        failures.append("no error")
+    except ringtree.MismatchError as error:
+        if f"on rank {comm.Get_rank()}" not in str(error) or "count: 8 on rank 0" not in str(error):
+            failures.append(str(error))
+    assert_everywhere(comm, failures)
+
+
 LEARNS = """
     import numpy as np
     from mpi4py import MPI
