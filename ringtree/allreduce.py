@@ -19,7 +19,7 @@ from .checks import checked, checked_timeout
 from .errors import TimeoutError
 from .ops import known_op, named_defaults, parse_op
 from .request import Request
-from .runtime import reliability, timeline
+from .runtime import agreement, timeline
 from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, repeat_key, repeat_of, steps_runner
 from .runtime.backend import NumpyBackend, backend_for
 from .runtime.backoff import wait_until
@@ -29,6 +29,7 @@ from .runtime.native import NativePlan, native_plan, reduces, run_native, start_
 from .runtime.one_caller import in_call, intruded, one_caller
 from .runtime.plan import Plan, schedule_plan
 from .runtime.refusal import refusing
+from .runtime.small import confirm_end, slowest
 from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
@@ -79,17 +80,6 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
         return recvbuf
     return in_call(comm, _allreduce, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout,
                    confirm=confirm_end if timeout is None else partial(confirm_end, timeout=timeout))
-
-
-def confirm_end(comm, timeout=None) -> None:
-    """The end of a call that every rank confirms, where another thread's could have been paired with
-    it (runtime/one_caller.py): a rank that found a second thread in a call ends it with its notice.
-    On an array of the thread's own for the communicator, so that it takes the repeat path."""
-    arrays = comm_state(WORLD if comm is None else comm).confirming
-    mine = arrays.get(get_ident())
-    if mine is None:
-        mine = arrays[get_ident()] = np.zeros(1, np.uint8)
-    allreduce(IN_PLACE, mine, MPI.MAX, comm=comm, algorithm="recursive_doubling", timeout=timeout)
 
 
 def _watched_again(again, recvbuf):
@@ -234,16 +224,14 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
         return None, state, source, target, recvbuf, inplace, timeout, None  # for _through_host
     if current.check if check is None else check:
         # Before the choice: online tuning takes its steps on the arguments the ranks agree on here.
-        reliability.agree(state, reliability.call_record(target.size, dtype, reduce_op.value, algorithm),
+        agreement.agree(state, agreement.call_record(target.size, dtype, reduce_op.value, algorithm),
                           (target.size, dtype, reduce_op.value, algorithm, "allreduce"),
-                          signature(target.size, dtype, reduce_op.value, algorithm, segment), timeout, not THREADED[1],
-                          lambda record, low, seconds: allreduce(record, low, MPI.MIN, comm=comm, check=False,
-                                                                 algorithm="recursive_doubling", timeout=seconds))
+                          signature(target.size, dtype, reduce_op.value, algorithm, segment), timeout, not THREADED[1])
     call = trial = None
     if (algorithm == "auto" and segment is None and state.tuner is not None and current.algorithm is None
             and not (current.tuning_file and table().match(target.nbytes, state.size, dtype.name, reduce_op.value,
                                                              state.topology))):
-        call, trial = _tuned_plan(state, comm, backend, target, reduce_op, inplace, timeout is None, timeout)
+        call, trial = _tuned_plan(state, backend, target, reduce_op, inplace, timeout is None, timeout)
     if call is None:
         call = state.plans.get((backend, algorithm, target.size, dtype, reduce_op, segment))
         if call is None:
@@ -254,12 +242,11 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     return call, state, source, target, recvbuf, inplace, timeout, trial
 
 
-def _tuned_plan(state, comm, backend, target, reduce_op, inplace, native, timeout):
+def _tuned_plan(state, backend, target, reduce_op, inplace, native, timeout):
     """The plan online tuning chooses for an "auto" call (tuning/online.py), and the trial it is."""
     native = native and backend is NumpyBackend and reduces(target.dtype, reduce_op)
     key = key_of(target.nbytes, inplace, target.dtype.itemsize, native)
-    chosen = state.tuner.choose(key, lambda times: list(iallreduce(
-        np.array(times), op=MPI.MAX, comm=comm, algorithm="recursive_doubling", check=False, timeout=timeout).wait()))
+    chosen = state.tuner.choose(key, partial(slowest, state, timeout))
     if chosen is None:
         return None, None  # nothing learned, and not learning: the table or the model chooses
     option, why, trial = chosen
@@ -303,8 +290,7 @@ def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segmen
     """Build the plan of `choice` for a new call shape, kept under `plan_key` for the calls after;
     `algorithm` and `segment` are the caller's, for the plan's signature."""
     dtype = target.dtype
-    if not any(target is mine for mine in state.confirming.values()):  # ringtree's own, not the user's choice
-        log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
+    log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
     sign = signature(target.size, dtype, reduce_op.value, algorithm, segment)
     if choice.algorithm == NATIVE:
         if state.make_room():

@@ -18,14 +18,13 @@ from mpi4py.util import dtlib
 
 from . import settings
 from .algorithms.lower import Shape
-from .allreduce import allreduce, confirm_end
 from .checks import check_comm, check_options, checked_timeout
 from .collective_args import Prepared, prepared
 from .debug import log
 from .ops import ReduceOp, named_defaults
 from .persistent import PersistentRequest
 from .request import Request
-from .runtime import reliability, timeline
+from .runtime import agreement, timeline
 from .runtime.again import AGAIN, steps_runner
 from .runtime.backend import NumpyBackend
 from .runtime.in_flight import IN_FLIGHT
@@ -34,6 +33,7 @@ from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, ru
 from .runtime.one_caller import in_call
 from .runtime.plan import Plan, schedule_plan
 from .runtime.refusal import refusing
+from .runtime.small import confirm_end
 from .runtime.stalls import watched
 from .runtime.state import comm_state
 from .runtime.stepwise import bound_steps
@@ -197,7 +197,7 @@ class _Repeat(NamedTuple):
     steps: object  # for a plan the stepwise path may run: a function of none running it on the call's arrays
     what: str  # the call as a stall warning names it
     timeout: float | None
-    agreement: tuple | None  # (record, call, what) for reliability.agree, where the ranks compare the call first
+    comparison: tuple | None  # (record, call, what) for agreement.agree, where the ranks compare the call first
 
 
 _REPEATS: dict = {}
@@ -239,16 +239,16 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     collective = call.collective
     sign = signature(call.count, dtype, op, algorithm, segment, name, collective.root if name in ("broadcast", "reduce")
                      else None, collective.counts or None)
-    agreement = None
+    comparison = None
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
     # shows. So a rooted call compares its arguments first unless the caller says check=False.
     if (current.check if check is None else check) or (sign.root is not None and check is None):
         described = name + (f" root {sign.root}" if sign.root is not None else "") + (
             f" blocks {list(sign.blocks)}" if sign.blocks else "")
         compared = (call.count, dtype, f"{op}", algorithm, described)
-        agreement = (reliability.call_record(*compared), compared, reliability.agreement_described(state, compared))
+        comparison = (agreement.call_record(*compared), compared, agreement.agreement_described(state, compared))
     repeat = _Repeat((comm, *buffers), (), call, state, sign, dtype, None, None, None,
-                     f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, agreement)
+                     f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, comparison)
     _agree(repeat, comm)  # before the plan: making a native one is a collective
     plan = _plan(call, state, sign, dtype, algorithm, segment, timeout is None)
     written = tuple(value for value in buffers if type(value) is np.ndarray and value is call.result)
@@ -269,14 +269,9 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
 def _agree(repeat: _Repeat, comm) -> None:
     """Where the call is compared first (check mode, a rooted call): MismatchError on every rank unless
     every rank makes it with the same arguments."""
-    if repeat.agreement is not None:
-        record, described, what = repeat.agreement
-        reliability.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1],
-                          lambda record, low, seconds: _agreement(record, low, comm, seconds), what)
-
-
-def _agreement(record, low, comm, seconds) -> None:
-    allreduce(record, low, MPI.MIN, comm=comm, check=False, algorithm="recursive_doubling", timeout=seconds)
+    if repeat.comparison is not None:
+        record, described, what = repeat.comparison
+        agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1], what)
 
 
 def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None, untimed: bool):

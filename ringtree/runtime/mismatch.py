@@ -147,7 +147,7 @@ class Watch:
         """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up).
         `announce`: a wait in MPI's own allreduce, whose messages show nothing of its call, tells the
         others which call it is in once idle ANNOUNCE_SECONDS. `compare=False`: a wait in the
-        comparison of the call's arguments (reliability.agree), which compares them itself, looks
+        comparison of the call's arguments (agreement.agree), which compares them itself, looks
         only for a rank's word that it raised or refused the call: the plan, whose signature tags
         the messages of ranks already past the comparison, may be one made for an earlier call."""
         self.state, self.seq, self.signature, self.give_up = state, seq, signature, give_up

@@ -104,7 +104,7 @@ class CommState:
         self.threads_bit = 0
         self.caller, self.to_confirm = thread_token(), 0
         self.unconfirmed = True
-        self.confirming: dict = {}  # thread -> the byte its confirmations allreduce, the same each time: repeated
+        self.confirming: dict = {}  # thread -> the byte its confirmations allreduce and their bound run (small.py)
         self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies and signatures in flight to other ranks
         self.raised: set = set()  # the ranks that raised MismatchError on it (mismatch.py)
