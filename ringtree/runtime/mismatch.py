@@ -11,6 +11,8 @@ communicator of its plan's own, agreed on when the plan is made, so native
 calls that differ never match either; a wait in one that makes no progress for
 ANNOUNCE_SECONDS tells the other ranks, on the control communicator, which call
 it is in, and a rank in the same call with another signature sees the difference.
+So does the barrier before a tuning trial, and a wait in another collective than
+allreduce: a rank in another call may wait for messages they send only later.
 
 A rank that sees a difference tells every other rank (`everywhere`): a
 notice on the private communicator, which ends a receive of any tag from it,
