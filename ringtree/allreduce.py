@@ -225,8 +225,8 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     if current.check if check is None else check:
         # Before the choice: online tuning takes its steps on the arguments the ranks agree on here.
         agreement.agree(state, agreement.call_record(target.size, dtype, reduce_op.value, algorithm),
-                          (target.size, dtype, reduce_op.value, algorithm, "allreduce"),
-                          signature(target.size, dtype, reduce_op.value, algorithm, segment), timeout, not THREADED[1])
+                        (target.size, dtype, reduce_op.value, algorithm, "allreduce"),
+                        signature(target.size, dtype, reduce_op.value, algorithm, segment), timeout, not THREADED[1])
     call = trial = None
     if (algorithm == "auto" and segment is None and state.tuner is not None and current.algorithm is None
             and not (current.tuning_file and table().match(target.nbytes, state.size, dtype.name, reduce_op.value,
