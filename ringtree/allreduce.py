@@ -13,30 +13,30 @@ import numpy as np
 from mpi4py import MPI
 
 from . import settings
-from .algorithms.lower import Shape
 from .buffers import converted_call, is_plain_call
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
 from .ops import known_op, named_defaults, parse_op
 from .request import Request
-from .runtime import agreement, timeline
-from .runtime.again import AGAIN, AGAIN_MAX, described, keep_again, repeat_key, repeat_of, steps_runner
+from .runtime import agreement
+from .runtime.again import AGAIN, AGAIN_MAX, described, forget_bound, keep_again, repeat_key, repeat_of, steps_runner
 from .runtime.backend import NumpyBackend, backend_for
 from .runtime.backoff import wait_until
 from .runtime.in_flight import IN_FLIGHT, progress_others
 from .runtime.mismatch import Watch, signature
-from .runtime.native import NativePlan, native_plan, reduces, run_native, start_native
+from .runtime.native import NativePlan, reduces, run_native, start_native
 from .runtime.one_caller import in_call, intruded, one_caller
-from .runtime.plan import Plan, schedule_plan
+from .runtime.plan import Plan, build_plan
 from .runtime.refusal import refusing
 from .runtime.small import confirm_end, slowest
 from .runtime.stalls import WAITING, watched
 from .runtime.state import comm_state
-from .runtime.stepwise import bound_steps
+from .runtime.stepwise import bound_steps, may_step
 from .runtime.threads import FIRST_IN, THREADED, get_ident, note_thread
-from .runtime.transports import routed, transport_for
-from .tuning.online import NATIVE, Tuner, key_of
-from .tuning.selector import WINDOW, choice_of, log_choice, select, table
+from .runtime.transports import transport_for
+from .schedule.ir import ALLREDUCE
+from .tuning.online import Tuner, key_of
+from .tuning.selector import choice_of, log_choice, select, table
 
 __all__ = ["allreduce", "iallreduce", "Request"]
 
@@ -113,9 +113,7 @@ def _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, kept
         if call is None:
             return _through_host(source, target, result, op, comm, algorithm, segment, check, timeout, True)
         steps = call.in_place_steps if inplace else call.steps
-        if type(call) is not NativePlan and (steps is None or IN_FLIGHT.requests or IN_FLIGHT.queued
-                                             or timeline.ACTIVE or timeout is not None
-                                             or (THREADED[1] and not state.signatures)):  # that one waits in MPI
+        if type(call) is not NativePlan and (steps is None or not may_step(state, timeout)):
             return _start(call, state, source, target, result, inplace, timeout, trial).wait()
         # A stepwise or native plan runs here; one that is not a trial, check or given segment is repeated.
         repeatable = _remembered(state, call, op, algorithm, target, inplace, trial, check, segment)
@@ -203,7 +201,7 @@ def _prepare(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout):
     with refusing(comm):
         sendbuf, recvbuf, reduce_op, backend, inplace = checked(sendbuf, recvbuf, op, comm, algorithm, segment)
         if note_thread(comm) and AGAIN:
-            AGAIN.clear()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
+            forget_bound()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
         try:
             current = settings.current()
         except settings.SettingError as error:
@@ -291,18 +289,9 @@ def _plan(state, backend, choice, target, reduce_op, plan_key, algorithm, segmen
     `algorithm` and `segment` are the caller's, for the plan's signature."""
     dtype = target.dtype
     log_choice(choice, target.nbytes, state.size, dtype, reduce_op.value)
-    sign = signature(target.size, dtype, reduce_op.value, algorithm, segment)
-    if choice.algorithm == NATIVE:
-        if state.make_room():
-            AGAIN.clear()  # its runs may hold the plan freed
-        call = state.plans[plan_key] = native_plan(reduce_op, backend.divide, state, target.size, dtype, sign)
-        return call
-    stepwise = choice.stepwise and not backend.asynchronous
-    transport, ipc_peers, choice = routed(state, backend, choice, segment)
-    shape = Shape(choice.algorithm, state.size, state.rank, target.size,
-                  max(1, choice.segment // dtype.itemsize) if choice.segment else 0, WINDOW, backend.staged, stepwise,
-                  topology=state.topology if state.topology.nodes > 1 else None, ipc_peers=ipc_peers)
-    call = state.plans[plan_key] = schedule_plan(shape, backend, reduce_op, dtype, sign, transport)
+    call = state.plans[plan_key] = build_plan(state, backend, choice, ALLREDUCE, target.size, dtype, reduce_op,
+                                              signature(target.size, dtype, reduce_op.value, algorithm, segment),
+                                              segment, choice.stepwise)
     return call
 
 

@@ -17,30 +17,26 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import settings
-from .algorithms.lower import Shape
 from .checks import check_comm, check_options, checked_timeout
 from .collective_args import Prepared, prepared
 from .debug import log
 from .ops import ReduceOp, named_defaults
 from .persistent import PersistentRequest
 from .request import Request
-from .runtime import agreement, timeline
-from .runtime.again import AGAIN, steps_runner
+from .runtime import agreement
+from .runtime.again import REPEATS, REPEATS_MAX, steps_runner
 from .runtime.backend import NumpyBackend
-from .runtime.in_flight import IN_FLIGHT
 from .runtime.mismatch import Signature, signature
-from .runtime.native import NativeInFlight, NativePlan, native_plan, reduces, run_started
+from .runtime.native import ROOTS_SHOWN_MAX, NativeInFlight, NativePlan, broadcast_showing_roots, reduces, run_started
 from .runtime.one_caller import in_call
-from .runtime.plan import Plan, schedule_plan
+from .runtime.plan import Plan, build_plan
 from .runtime.refusal import refusing
 from .runtime.small import confirm_end
 from .runtime.stalls import watched
 from .runtime.state import comm_state
-from .runtime.stepwise import bound_steps
+from .runtime.stepwise import bound_steps, may_step
 from .runtime.threads import THREADED
-from .runtime.transports import routed
 from .tuning.collectives import NATIVE, choose
-from .tuning.selector import WINDOW
 
 __all__ = ["reduce_scatter", "ireduce_scatter", "reduce_scatter_init", "allgather", "iallgather", "allgather_init",
            "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce", "reduce_init"]
@@ -158,7 +154,7 @@ def _run(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
 def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers):
     comm = MPI.COMM_WORLD if comm is None else comm
     key = _repeat_key(name, comm, algorithm, segment, check, timeout, buffers)
-    repeat = _REPEATS.get(key) if key is not None else None
+    repeat = REPEATS.get(key) if key is not None else None
     if repeat is None or not all(array.flags.writeable for array in repeat.written):
         repeat = _first(name, comm, algorithm, segment, check, timeout, buffers, key)  # agreed already
     else:
@@ -166,16 +162,14 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
         _agree(repeat, comm)
     call, state = repeat.call, repeat.state
     with call.context:
-        if blocking and (repeat.native is not None or (
-                repeat.steps is not None and not (IN_FLIGHT.requests or IN_FLIGHT.queued or timeline.ACTIVE)
-                and (state.signatures or not THREADED[1]))):  # else it waits in MPI, where no other thread may
+        if blocking and (repeat.native is not None or (repeat.steps is not None and may_step(state, None))):
             # MPI's own, or a step at a time: waited for here, with no Request to make
             if repeat.native is not None:
                 run_started(repeat.plan, state, repeat.native, call.target, repeat.what)
             else:
                 watched(repeat.steps, repeat.what)
-            if call.after is not None:
-                call.after()
+            if repeat.after is not None:
+                repeat.after()
             return call.result
         request = _start(call, state, repeat, repeat.timeout)
         if blocking:
@@ -198,10 +192,7 @@ class _Repeat(NamedTuple):
     what: str  # the call as a stall warning names it
     timeout: float | None
     comparison: tuple | None  # (record, call, what) for agreement.agree, where the ranks compare the call first
-
-
-_REPEATS: dict = {}
-_REPEATS_MAX = 64
+    after: object  # None, or what to do once the call is done (Prepared.after, or a native call's own)
 
 
 def _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
@@ -237,32 +228,52 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     op = call.reduce_op.value if call.reduce_op is not None else None
     dtype = call.source.dtype  # the target's too: collective_args makes them one
     collective = call.collective
-    sign = signature(call.count, dtype, op, algorithm, segment, name, collective.root if name in ("broadcast", "reduce")
-                     else None, collective.counts or None)
-    comparison = None
+    # MPI's own is a candidate for untimed calls only: a wait inside it does not keep a timeout.
+    native_ok = (timeout is None and call.backend is NumpyBackend
+                 and (call.reduce_op is None or reduces(dtype, call.reduce_op)))
+    choice = choose(name, call.count * dtype.itemsize, state.size, algorithm, segment, native_ok)
+    compared = current.check if check is None else check
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
-    # shows. So a rooted call compares its arguments first unless the caller says check=False.
-    if (current.check if check is None else check) or (sign.root is not None and check is None):
+    # shows. So a rooted call compares its arguments first unless the caller says check=False, or
+    # runs where every rank sees every rank's root (a small broadcast of MPI's own).
+    showing_roots = (name == "broadcast" and check is None and not compared and choice.algorithm == NATIVE
+                     and call.count * dtype.itemsize <= ROOTS_SHOWN_MAX)
+    if showing_roots:
+        collective = collective._replace(root=None)  # one plan for every root, which the call checks
+    sign = signature(call.count, dtype, op, algorithm, segment, name, collective.root, collective.counts or None)
+    comparison = None
+    if compared or (sign.root is not None and check is None):
         described = name + (f" root {sign.root}" if sign.root is not None else "") + (
             f" blocks {list(sign.blocks)}" if sign.blocks else "")
-        compared = (call.count, dtype, f"{op}", algorithm, described)
-        comparison = (agreement.call_record(*compared), compared, agreement.agreement_described(state, compared))
+        fields = (call.count, dtype, f"{op}", algorithm, described)
+        comparison = (agreement.call_record(*fields), fields, agreement.agreement_described(state, fields))
     repeat = _Repeat((comm, *buffers), (), call, state, sign, dtype, None, None, None,
-                     f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, comparison)
+                     f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, comparison,
+                     call.after)
     _agree(repeat, comm)  # before the plan: making a native one is a collective
-    plan = _plan(call, state, sign, dtype, algorithm, segment, timeout is None)
+    plan_key = (collective, call.backend, algorithm, call.count, dtype, call.reduce_op, segment, native_ok)
+    plan = state.plans.get(plan_key)
+    if plan is None:
+        log.info("%s %d B %s on %d ranks: %s, segment %s, from %s", name, call.count * dtype.itemsize, dtype,
+                 state.size, choice.algorithm, f"{choice.segment} B" if choice.segment else "none", choice.source)
+        plan = state.plans[plan_key] = build_plan(state, call.backend, choice, collective, call.count, dtype,
+                                             call.reduce_op, sign, segment)
     written = tuple(value for value in buffers if type(value) is np.ndarray and value is call.result)
-    native = _native_start(call, plan.op) if type(plan) is NativePlan else None
+    native, after = None, call.after
+    if showing_roots:
+        native, after = broadcast_showing_roots(state, call.target, call.collective.root)
+    elif type(plan) is NativePlan:
+        native = _native_start(call, plan.op)
     steps = None
     if type(plan) is Plan and plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.compiled.in_place_steps if call.inplace else plan.compiled.steps
         steps = steps_runner(plan, state, bound_steps(compiled_steps, [call.source, call.target,
                                                                        *plan.stepwise_scratch], state.remote), call.target)
-    repeat = repeat._replace(written=written, plan=plan, native=native, steps=steps)
+    repeat = repeat._replace(written=written, plan=plan, native=native, steps=steps, after=after)
     if key is not None and (call.result is None or written):
-        if len(_REPEATS) >= _REPEATS_MAX:
-            _REPEATS.clear()
-        _REPEATS[key] = repeat
+        if len(REPEATS) >= REPEATS_MAX:
+            REPEATS.clear()
+        REPEATS[key] = repeat
     return repeat
 
 
@@ -274,43 +285,13 @@ def _agree(repeat: _Repeat, comm) -> None:
         agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1], what)
 
 
-def _plan(call: Prepared, state, sign: Signature, dtype, algorithm: str, segment: int | None, untimed: bool):
-    """The plan of the call's shape: built on the first call of it, looked up after. MPI's own is a
-    candidate for `untimed` calls only: a wait inside it does not keep a timeout."""
-    collective = call.collective
-    key = (collective, call.backend, algorithm, call.count, dtype, call.reduce_op, segment, untimed)
-    plan = state.plans.get(key)
-    if plan is not None:
-        return plan
-    native_ok = untimed and call.backend is NumpyBackend and (call.reduce_op is None or reduces(dtype, call.reduce_op))
-    choice = choose(collective.name, call.count * dtype.itemsize, state.size, algorithm, segment, native_ok)
-    log.info("%s %d B %s on %d ranks: %s, segment %s, from %s", collective.name, call.count * dtype.itemsize, dtype,
-             state.size, choice.algorithm, f"{choice.segment} B" if choice.segment else "none", choice.source)
-    if choice.algorithm == NATIVE:
-        if state.make_room():  # it freed a native plan, which repeats may hold
-            AGAIN.clear()
-            _REPEATS.clear()
-        plan = native_plan(call.reduce_op, call.backend.divide, state, call.count, dtype, sign, persistent=False)
-    else:
-        transport, ipc_peers, choice = routed(state, call.backend, choice, segment)
-        segment_elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
-        # An unsplit schedule of host arrays may also run a step at a time (runtime/stepwise.py), as a
-        # blocking call with nothing else in flight does: unsplit, there is nothing for the engine to overlap.
-        stepwise = not segment_elements and not call.backend.asynchronous
-        plan = schedule_plan(Shape(choice.algorithm, state.size, state.rank, call.count, segment_elements, WINDOW,
-                                   call.backend.staged, stepwise, collective, ipc_peers=ipc_peers),
-                             call.backend, call.reduce_op, dtype, sign, transport)
-    state.plans[key] = plan
-    return plan
-
-
 def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:
     plan = repeat.plan
     if repeat.native is not None:
         native = NativeInFlight(plan, state, call.source, call.target, call.inplace, None, repeat.what,
                                 repeat.native)
-        return Request(native, call.result, call.after)
-    return Request(plan.start(state, call.source, call.target, call.inplace, timeout), call.result, call.after)
+        return Request(native, call.result, repeat.after)
+    return Request(plan.start(state, call.source, call.target, call.inplace, timeout), call.result, repeat.after)
 
 
 def _native_start(call: Prepared, op):

@@ -377,6 +377,37 @@ def test_ranks_that_disagree_on_the_root_all_get_an_error(comm):
     assert_everywhere(comm, failures)
 
 
+@pytest.mark.parametrize("repeat", [False, True], ids=["first call", "repeat"])
+@pytest.mark.parametrize("blocking", [True, False], ids=["broadcast", "ibroadcast"])
+def test_ranks_that_each_name_themselves_the_root_of_a_small_broadcast_all_get_an_error(comm, blocking, repeat):
+    """Untimed, a small broadcast runs as MPI's own with no comparison first: every rank naming itself
+    the root (each would only send) still raises MismatchError on every rank, on the communicator's
+    first call of the shape and on a repeat of it, and the communicator goes on working."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks to disagree")
+    local = comm.Dup()
+    x = np.full(3, float(comm.rank))
+    if repeat:
+        ringtree.broadcast(x, root=0, comm=local)
+    failures = []
+    try:
+        if blocking:
+            ringtree.broadcast(x, root=comm.rank, comm=local)
+        else:
+            ringtree.ibroadcast(x, root=comm.rank, comm=local).wait()
+        failures.append("no error")
+    except ringtree.MismatchError as error:
+        if f"ringtree broadcast on rank {comm.rank}" not in str(error) or (
+                f"'broadcast root {comm.size - 1}' on rank {comm.size - 1}" not in str(error)):
+            failures.append(str(error))
+    y = np.full(3, float(comm.rank))
+    ringtree.broadcast(y, root=comm.size - 1, comm=local)
+    if not (y == comm.size - 1).all():
+        failures.append(f"the broadcast after: {y}")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
 @pytest.mark.parametrize("name", ["reduce_scatter", "allgather"])
 def test_ranks_that_differ_in_a_call_run_a_step_at_a_time_all_get_an_error(comm, name):
     """A blocking untimed call of an unsplit schedule runs stepwise: ranks that differ in its count

@@ -18,7 +18,8 @@ from .state import LAST
 from .stepwise import bound_steps, run_stepwise
 from .threads import THREADED, get_ident
 
-__all__ = ["AGAIN", "AGAIN_MAX", "described", "keep_again", "steps_runner", "repeat_of", "repeat_key"]
+__all__ = ["AGAIN", "AGAIN_MAX", "REPEATS", "described", "forget_bound", "keep_again", "steps_runner", "repeat_of",
+           "repeat_key"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -62,6 +63,18 @@ class _Again:
 AGAIN: dict[int, _Again] = {}
 AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
 AGAIN_ENTRIES = 16
+
+# The other collectives' calls by their arguments' ids and values (collectives.py): what a call
+# shares with the calls after it on the same arguments.
+REPEATS: dict = {}
+REPEATS_MAX = 64
+
+
+def forget_bound() -> None:
+    """Forget every run kept bound to arrays: a plan they may hold was freed, or they may wait inside
+    MPI, which a call may no longer do."""
+    AGAIN.clear()
+    REPEATS.clear()
 
 
 def described(state, call, target, op: str, algorithm: str) -> Call:

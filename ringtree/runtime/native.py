@@ -14,11 +14,11 @@ from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
 from .backoff import wait_until
 from .in_flight import progress_others
-from .mismatch import Signature, Watch, everywhere
+from .mismatch import Signature, Watch, everywhere, ranks_text
 from .stalls import watched
 
 __all__ = ["NativePlan", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started", "native_runner",
-           "start_native", "free_plan", "MPIOwn"]
+           "start_native", "free_plan", "MPIOwn", "ROOTS_SHOWN_MAX", "broadcast_showing_roots"]
 
 # How long a wait in MPI's own collective only polls and yields, before it looks for a mismatch and
 # sleeps between polls: MPI moves a large message between the ranks of a node only as fast as both
@@ -29,6 +29,10 @@ QUIET_SECONDS = 0.01
 # own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
 # Iallreduce up to 16 KiB, in place or not (docs/algorithms.md); from 64 KiB the copies cost more.
 PERSISTENT_MAX = 16384
+# Up to this size MPI's own broadcast runs as its allreduce (broadcast_showing_roots), which needs no
+# comparison of the roots before it: under MPICH an 8 KiB one costs less than a Bcast and a comparison
+# together, a 16 KiB one more (docs/collectives.md).
+ROOTS_SHOWN_MAX = 8192
 
 
 class NativePlan(NamedTuple):
@@ -225,6 +229,41 @@ def start_native(plan: NativePlan, state, source, target, in_place: bool, trial,
     native = NativeInFlight(plan, state, source, target, in_place, finish, what)
     Tuner.in_flight(trial, native.wait)
     return native
+
+
+def broadcast_showing_roots(state, target: np.ndarray, root: int):
+    """A broadcast of `target` from `root` as MPI's own allreduce, which every rank ends only once it has
+    heard from every other: each rank gives its bytes (zeros but at the root) and a bit for the root it
+    names, combined with a bitwise or. Ranks that differ on the root then all see two bits and raise
+    MismatchError together, with no comparison before the call; a Bcast would leave a rank that names
+    itself root wrongly with its own data, and no message would show it. Returns (start, after):
+    start(comm) starts it on a plan's communicator, after() checks the roots and takes the data."""
+    data = memoryview(target.view(np.uint8))
+    nbytes, size = data.nbytes, state.size
+    mine = np.zeros(nbytes + (size + 7) // 8, np.uint8)
+    mine[nbytes + root // 8] = 1 << root % 8
+    roots, combined = mine[nbytes:].tobytes(), np.empty_like(mine)
+    given, received, at_root = memoryview(mine)[:nbytes], memoryview(combined)[:nbytes], state.rank == root
+    seq = [0]
+
+    def start(comm) -> MPI.Request:
+        if at_root:
+            given[:] = data
+        seq[0] = state.calls  # before the call counts itself: its number
+        return comm.Iallreduce([mine, MPI.BYTE], [combined, MPI.BYTE], MPI.BOR)
+
+    def after() -> None:
+        if combined[nbytes:].tobytes() != roots:
+            named = state.comm.allgather(root)  # every rank is here: it saw the same bits
+            holders: dict = {}
+            for rank, value in enumerate(named):
+                holders.setdefault(value, []).append(rank)
+            raise MismatchError(f"ringtree broadcast on rank {state.rank}: the ranks of {state.comm.Get_name()} "
+                                f"disagree at call #{seq[0]}: collective: " + "; ".join(
+                                    f"'broadcast root {value}' on {ranks_text(ranks)}" for value, ranks in holders.items()))
+        if not at_root:
+            data[:] = received
+    return start, after
 
 
 def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:

@@ -7,13 +7,19 @@ from typing import NamedTuple
 
 from ..algorithms.lower import Shape
 from ..ops import ReduceOp
+from ..schedule.ir import ALLREDUCE, Collective
 from ..schedule.staging import is_host
+from ..tuning.online import NATIVE
+from ..tuning.selector import WINDOW
+from .again import forget_bound
 from .compiled import CompiledSchedule, compiled
 from .engine import Execution
 from .in_flight import LOCK
 from .mismatch import Signature
+from .native import NativePlan, native_plan
+from .transports import routed
 
-__all__ = ["Plan", "schedule_plan"]
+__all__ = ["Plan", "build_plan", "schedule_plan"]
 
 
 class Plan(NamedTuple):
@@ -66,3 +72,20 @@ def schedule_plan(shape: Shape, backend, reduce_op: ReduceOp | None, dtype, sign
     if stepwise:
         plan.stepwise_scratch.extend(plan.new_scratch())
     return plan
+
+
+def build_plan(state, backend, choice, collective: Collective, count: int, dtype, reduce_op: ReduceOp | None,
+               sign: Signature, segment: int | None, stepwise: bool = True) -> Plan | NativePlan:
+    """The plan of `choice` (an algorithm and a segment) for a new call shape of any collective: MPI's own,
+    or the schedule's. `segment`: the caller's (None leaves IPC peers' messages unsplit); `stepwise`:
+    whether a blocking call may run it a step at a time, where it is unsplit host memory."""
+    if choice.algorithm == NATIVE:
+        if state.make_room():
+            forget_bound()  # the runs kept bound to arrays may hold the plan it freed
+        return native_plan(reduce_op, backend.divide, state, count, dtype, sign, persistent=collective is ALLREDUCE)
+    transport, ipc_peers, choice = routed(state, backend, choice, segment)
+    elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
+    shape = Shape(choice.algorithm, state.size, state.rank, count, elements, WINDOW, backend.staged,
+                  stepwise and not elements and not backend.asynchronous, collective,
+                  state.topology if state.topology.nodes > 1 else None, ipc_peers)
+    return schedule_plan(shape, backend, reduce_op, dtype, sign, transport)

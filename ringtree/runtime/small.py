@@ -13,16 +13,14 @@ from mpi4py import MPI
 from ..algorithms.lower import Shape
 from ..ops import ReduceOp
 from ..tuning.selector import WINDOW
-from . import timeline
 from .again import steps_runner
 from .backend import NumpyBackend
-from .in_flight import IN_FLIGHT
 from .mismatch import signature
 from .plan import schedule_plan
 from .stalls import Call, watched
 from .state import comm_state
-from .stepwise import bound_steps
-from .threads import THREADED, get_ident
+from .stepwise import bound_steps, may_step
+from .threads import get_ident
 
 __all__ = ["small_allreduce", "slowest", "confirm_end"]
 
@@ -35,8 +33,7 @@ def small_allreduce(state, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceO
     every rank of `state`'s communicator: a call like any other, counted and tagged with its signature,
     waited for under `timeout` where one is given. `bound`: stepwise_run's of these arrays, made before."""
     state.check_usable()
-    if (timeout is not None or IN_FLIGHT.requests or IN_FLIGHT.queued or timeline.ACTIVE
-            or (THREADED[1] and not state.signatures)):  # a step at a time would wait inside MPI
+    if not may_step(state, timeout):
         _plan(state, recvbuf, op).start(state, sendbuf, recvbuf, sendbuf is recvbuf, timeout).wait()
         return
     run, what = bound or stepwise_run(state, sendbuf, recvbuf, op)

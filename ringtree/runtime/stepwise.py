@@ -17,13 +17,15 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..schedule import OpKind
+from . import timeline
 from .backoff import wait_until
 from .compiled import EXCHANGE
 from .failures import error_classes, translated, wrong_size
-from .in_flight import progress_others
+from .in_flight import IN_FLIGHT, progress_others
 from .mismatch import Evidence, Signature, Watch, everywhere
+from .threads import THREADED
 
-__all__ = ["bound_steps", "run_stepwise"]
+__all__ = ["bound_steps", "may_step", "run_stepwise"]
 
 BYTE, ANY_TAG = MPI.BYTE, MPI.ANY_TAG
 # Messages up to this size go out at once under every MPI we know (Open MPI's shared memory sends
@@ -34,6 +36,14 @@ EAGER_BYTES = 1024
 # any tag is posted only once a probe has shown its message to be of this call and of its size.
 PROBE_FIRST = not MPI.Get_library_version().startswith("MPICH")
 SEND, RECV, REDUCE, COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
+
+
+def may_step(state, timeout) -> bool:
+    """Whether a blocking call may run a step at a time now: no timeout (its waits keep none), nothing
+    else in flight for its waits to progress, no timeline to record, and a mismatch visible to its
+    waits (with threads and signatures off, a step waits inside MPI, where no other thread may)."""
+    return (timeout is None and not (IN_FLIGHT.requests or IN_FLIGHT.queued) and not timeline.ACTIVE
+            and (state.signatures or not THREADED[1]))
 
 
 def bound_steps(steps: tuple[tuple, ...], buffers: list, remote: tuple) -> tuple[tuple, ...]:
