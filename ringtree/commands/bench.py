@@ -1,5 +1,6 @@
-"""`python -m ringtree bench`: allreduce bandwidth against the MPI library's own, in one run (and with
---collective, that of the other collectives: bench_collectives.py).
+"""`python -m ringtree bench`: a collective's bandwidth against the MPI library's own, in one run:
+allreduce, or with --collective reduce_scatter, allgather, broadcast or reduce (against MPI's
+Reduce_scatter_block, Allgather, Bcast and Reduce).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm's result is first checked against `native` (the MPI
@@ -17,6 +18,10 @@ With --cupy the buffers are CuPy arrays on the current GPU, and each call
 ends when the GPU has finished it. `roundtrip` is then what a program without
 ringtree does: copy to host memory, the MPI library's Allreduce there, copy
 back; `native` hands MPI the device memory, which only a CUDA-aware MPI takes.
+
+With nccl-tests' conventions for the other collectives: the size is every block together (what a
+reduce-scatter sends, what an allgather receives; a whole number of elements per rank); busbw is
+algbw × (n-1)/n for allgather and reduce-scatter and algbw for broadcast and reduce.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives
 from ..algorithms import ALGORITHMS, GENERATORS
 from ..allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
@@ -43,7 +49,6 @@ from .arguments import (
     positive,
     sizes_from_args,
 )
-from .bench_collectives import run_collective
 from .measure import across_ranks, exact_inputs, in_pass_order, table_rows, time_in_turns
 
 NATIVE = "native"
@@ -118,17 +123,18 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> list[dict]:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    dtype, op, algorithms = args.dtype, parse_op(args.op), args.algorithms
-    baseline = next((name for name in (NATIVE, ROUNDTRIP) if name in algorithms), None)
-    if args.collective != "allreduce":
-        args.sizes, args.reduce_op = sizes_from_args(args), op
-        return _written(args, comm, run_collective(args, comm), baseline)
-    counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
-
-    rows = []
+    name, dtype, op, algorithms = args.collective, args.dtype, parse_op(args.op), args.algorithms
+    reducing = name in ("allreduce", "reduce_scatter", "reduce")
+    baseline = next((case for case in (NATIVE, ROUNDTRIP) if case in algorithms), None)
+    if name == "allreduce":
+        counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
+    else:  # every block of the same count: a size rounds down to a whole number of elements per rank
+        counts = sorted({max(1, nbytes // dtype.itemsize // size) * size for nbytes in sizes_from_args(args)})
     if rank == 0:
-        print(f"# ringtree bench: {size} ranks, {dtype}, {op.value}, {'in place' if args.inplace else 'out of place'}, "
-              f"{'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"
+        print(f"# ringtree bench{'' if name == 'allreduce' else ' ' + name}: {size} ranks, {dtype}"
+              + (f", {op.value}" if reducing else "")
+              + (f", {'in place' if args.inplace else 'out of place'}" if name == "allreduce" else "")
+              + f", {'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"
               + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
         print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>18} {'time us':>10} "
               f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x ' + (baseline or '-'):>8}")
@@ -136,19 +142,22 @@ def run(args: argparse.Namespace) -> list[dict]:
     if rank == 0 and args.passes > 1:  # the table comes at the end: show the passes going by, on a terminal
         from tqdm import tqdm
         progress = tqdm(total=args.passes * len(counts), unit="size", desc="bench", leave=False, disable=None)
+    cases = {case: (case, args.segment) for case in algorithms}
+    rows = []
     passes = {count: [] for count in counts}  # per pass: ({algorithm: seconds}, {algorithm: wrong elements})
     for k in range(args.passes):
         for count in in_pass_order(counts, k):
-            passes[count].append(_measure_size(comm, algorithms, count, dtype, op, args))
+            passes[count].append(measure(comm, name, cases, count, dtype, op, args, args.warmup))
             if args.passes == 1:
-                rows += table_rows(comm, "allreduce", algorithms, count, dtype, op, passes[count], baseline)
+                rows += table_rows(comm, name, algorithms, count, dtype, op if reducing else None, passes[count],
+                                   baseline)
             elif progress is not None:
                 progress.update()
     if args.passes > 1:
         if progress is not None:
             progress.close()
         for count in counts:
-            rows += table_rows(comm, "allreduce", algorithms, count, dtype, op, passes[count], baseline)
+            rows += table_rows(comm, name, algorithms, count, dtype, op if reducing else None, passes[count], baseline)
     return _written(args, comm, rows, baseline)
 
 
@@ -166,55 +175,84 @@ def _written(args, comm, rows: list[dict], baseline) -> list[dict]:
     return rows
 
 
-def _measure_size(comm, algorithms, count, dtype, op, args) -> tuple[dict, dict]:
-    """({algorithm: median seconds per call}, {algorithm: elements that differ from native, all ranks})."""
-    data, expected = exact_inputs(comm, count, dtype, op)
-    if args.cupy:
-        import cupy
-        data = cupy.asarray(data)
-    out = data.copy()
-    calls = {name: _call(comm, name, data, out, op, args) for name in algorithms}
-
+def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) -> tuple[dict, dict]:
+    """Each case's median seconds per call, the slowest rank's, timed in turns, and the elements its
+    result got wrong against MPI's own on the same inputs (every rank's together), after `warmup`
+    untimed calls of each. `cases`: label -> (algorithm, segment)."""
+    send, out, expected = _buffers(comm, name, count, dtype, op, getattr(args, "cupy", False))
+    original = out.copy()
+    calls = {label: _call(comm, name, algorithm, send, out, op, segment, args)
+             for label, (algorithm, segment) in cases.items()}
+    checked = name != "reduce" or comm.Get_rank() == 0  # a reduce's other ranks get nothing
     wrong = []
-    for name in algorithms:
-        out[...] = data
-        for _ in range(args.warmup):
-            calls[name]()
-            out[...] = data  # in place, the next call must start from the input again
-        calls[name]()
-        wrong.append(np.count_nonzero((out.get() if args.cupy else out) != expected))
-    wrong = dict(zip(algorithms, map(int, across_ranks(comm, wrong, MPI.SUM))))
-
+    for call in calls.values():
+        for _ in range(warmup + 1):
+            out[...] = original  # in place, every call must start from the input again
+            call()
+        got = out.get() if getattr(args, "cupy", False) else out
+        wrong.append(np.count_nonzero(got != expected) if checked else 0)
+    wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
     # In place every call adds into the last result, so the values grow until they overflow to inf,
     # which changes neither the work nor its time: numpy need not warn about it.
-    with np.errstate(over="ignore" if args.inplace else "warn"):
+    with np.errstate(over="ignore" if getattr(args, "inplace", False) else "warn"):
         return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong
 
 
-def _call(comm, name, data, out, op, args):
-    """A function running one allreduce of `data` into `out` (of `out` into itself, in place); with
-    --cupy, one that returns once the GPU has finished it."""
-    send = MPI.IN_PLACE if args.inplace else data
-    if name == ROUNDTRIP:
-        return _roundtrip(comm, data, out, op, args.inplace)
-    if name == NATIVE:
-        native_op = MPI_OP[op]
+def _buffers(comm, name, count, dtype, op, cupy: bool):
+    """(input, output, MPI's own result on host memory) of a call of `count` elements in all: small
+    integers, which every order of a sum adds to the same bits. A broadcast's input is its output
+    at rank 0; an allreduce's output starts as its input (its buffer in place)."""
+    data, expected = exact_inputs(comm, count, dtype, op) if name == "allreduce" else (
+        (np.arange(count) % 7 + comm.Get_rank() % 3 + 1).astype(dtype), None)
+    block = count // comm.Get_size()
+    send, out = {"allreduce": (data, data.copy()), "reduce_scatter": (data, np.empty(block, dtype)),
+                 "allgather": (data[:block].copy(), np.empty(count, dtype)), "broadcast": (None, data),
+                 "reduce": (data, np.empty(count, dtype))}[name]
+    if expected is None:
+        original = out.copy()
+        _call(comm, name, NATIVE, send, out, op, None, None)()
+        expected, out[...] = out.copy(), original
+    if cupy:
+        import cupy as cp
+        send, out = cp.asarray(send), cp.asarray(out)
+    return send, out, expected
 
-        def native():
-            comm.Allreduce(send, out, native_op)
-            if op is ReduceOp.AVG:
-                out[...] /= comm.Get_size()
+
+def _call(comm, name, algorithm, data, out, op, segment, args):
+    """A function running one call of the collective of `data` into `out` (a broadcast: of `out`, from
+    rank 0; an allreduce with --inplace: of `out` into itself); with --cupy, one that returns once
+    the GPU has finished it."""
+    inplace, cupy = getattr(args, "inplace", False), getattr(args, "cupy", False)
+    if algorithm == ROUNDTRIP:
+        return _roundtrip(comm, data, out, op, inplace)
+    send = MPI.IN_PLACE if inplace else data
+    if algorithm == NATIVE:
+        mpi_op = MPI_OP.get(op)
+        native = {"allreduce": lambda: comm.Allreduce(send, out, mpi_op),
+                  "reduce_scatter": lambda: comm.Reduce_scatter_block(send, out, mpi_op),
+                  "allgather": lambda: comm.Allgather(send, out),
+                  "broadcast": lambda: comm.Bcast(out, 0),
+                  "reduce": lambda: comm.Reduce(send, out, mpi_op, 0)}[name]
         call = native
+        if op is ReduceOp.AVG and name != "allgather" and name != "broadcast":
+            def call():
+                native()
+                if name != "reduce" or comm.Get_rank() == 0:
+                    out[...] /= comm.Get_size()
     else:
-        def call():
-            allreduce(send, out, op, comm=comm, algorithm=name, segment=args.segment)
-    if not args.cupy:
+        options = dict(comm=comm, algorithm=algorithm, segment=segment)
+        call = {"allreduce": lambda: allreduce(send, out, op, **options),
+                "reduce_scatter": lambda: collectives.reduce_scatter(send, out, None, op, **options),
+                "allgather": lambda: collectives.allgather(send, out, **options),
+                "broadcast": lambda: collectives.broadcast(out, 0, **options),
+                "reduce": lambda: collectives.reduce(send, out, op, 0, **options)}[name]
+    if not cupy:
         return call
-    import cupy
+    import cupy as cp
 
     def until_done():
         call()
-        cupy.cuda.get_current_stream().synchronize()
+        cp.cuda.get_current_stream().synchronize()
     return until_done
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..ops import ReduceOp
 from .arguments import format_size, sizes_from_args
-from .bench_collectives import NATIVE, measure
+from .bench import NATIVE, measure
 from .measure import candidates, in_pass_order, smoothed
 from .table_file import read_table, write_table_file
 
