@@ -16,10 +16,10 @@ from . import settings
 from .buffers import converted_call, is_plain_call
 from .checks import checked, checked_timeout
 from .errors import TimeoutError
-from .ops import known_op, named_defaults, parse_op
+from .ops import known_op, named_defaults
 from .request import Request
 from .runtime import agreement
-from .runtime.again import AGAIN, AGAIN_MAX, described, forget_bound, keep_again, repeat_key, repeat_of, steps_runner
+from .runtime.again import AGAIN, AGAIN_MAX, forget_bound, keep_again, repeat_key, repeat_of, steps_runner
 from .runtime.backend import NumpyBackend, backend_for
 from .runtime.backoff import wait_until
 from .runtime.in_flight import IN_FLIGHT, progress_others
@@ -117,7 +117,7 @@ def _reduce(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, kept
             return _start(call, state, source, target, result, inplace, timeout, trial).wait()
         # A stepwise or native plan runs here; one that is not a trial, check or given segment is repeated.
         repeatable = _remembered(state, call, op, algorithm, target, inplace, trial, check, segment)
-    what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
+    what = call.what
     if (repeatable and kept and result is recvbuf and type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX
             and (inplace or type(sendbuf) is NDARRAY) and (state.signatures or not THREADED[1])):
         watched(keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace,
@@ -163,7 +163,7 @@ def _istart_plain(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout
         if type(call) is NativePlan:
             _remembered(state, call, op, algorithm, target, inplace, trial, check, segment)
     if type(call) is NativePlan:
-        what = described(state, call, target, (known_op(op) or parse_op(op)).value, algorithm)
+        what = call.what
         return Request(start_native(call, state, source, target, inplace, trial, what), recvbuf)
     return _start(call, state, source, target, recvbuf, inplace, timeout, trial)
 

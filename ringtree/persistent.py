@@ -12,7 +12,7 @@ from .buffers import converted, is_plain_call, passes_through
 from .checks import checked, checked_timeout
 from .ops import known_op, named_defaults
 from .request import empty_status
-from .runtime.again import described, repeat_key
+from .runtime.again import repeat_key
 from .runtime.backend import NoDevice
 from .runtime.native import BoundNative, NativePlan, native_plan
 from .runtime.one_caller import in_call
@@ -70,7 +70,7 @@ def _bound_native(source, target, inplace, op, reduce_op, comm, algorithm) -> Bo
     if type(shared) is not NativePlan:
         return None
     plan = native_plan(reduce_op, shared.divide, state, target.size, target.dtype, shared.signature, persistent=False)
-    return BoundNative(plan, state, source, target, inplace, described(state, plan, target, reduce_op.value, algorithm))
+    return BoundNative(plan, state, source, target, inplace, shared.what)
 
 
 class PersistentRequest:

@@ -13,12 +13,11 @@ from mpi4py import MPI
 from ..errors import PeerFailure
 from .in_flight import IN_FLIGHT
 from .native import NativePlan, native_runner
-from .stalls import Call
 from .state import LAST
 from .stepwise import bound_steps, run_stepwise
 from .threads import THREADED, get_ident
 
-__all__ = ["AGAIN", "AGAIN_MAX", "REPEATS", "described", "forget_bound", "keep_again", "steps_runner", "repeat_of",
+__all__ = ["AGAIN", "AGAIN_MAX", "REPEATS", "forget_bound", "keep_again", "steps_runner", "repeat_of",
            "repeat_key"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
@@ -75,11 +74,6 @@ def forget_bound() -> None:
     MPI, which a call may no longer do."""
     AGAIN.clear()
     REPEATS.clear()
-
-
-def described(state, call, target, op: str, algorithm: str) -> Call:
-    """A call as a stall warning describes it, with the ranks its plan exchanges with."""
-    return Call(state, target.size, target.dtype, op, algorithm, call.peers)
 
 
 def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace, what) -> _Again:

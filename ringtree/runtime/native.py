@@ -43,6 +43,7 @@ class NativePlan(NamedTuple):
     signature: Signature
     buffer: np.ndarray | None  # the persistent request's, in place; None: Iallreduce on the caller's arrays
     request: MPI.Prequest | None
+    what: object = None  # the call as a stall warning names it (stalls.Call), made once by plan.build_plan
     steps = None  # as a Plan without a stepwise path: allreduce's repeat path takes neither
     in_place_steps = None
     peers = ()  # whom it waits for is MPI's business

@@ -17,6 +17,7 @@ from .engine import Execution
 from .in_flight import LOCK
 from .mismatch import Signature
 from .native import NativePlan, native_plan
+from .stalls import Call
 from .transports import routed
 
 __all__ = ["Plan", "build_plan", "schedule_plan"]
@@ -38,6 +39,7 @@ class Plan(NamedTuple):
     peers: tuple  # the ranks the schedule exchanges with, for a stall warning
     signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
     transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
+    what: object = None  # the call as a stall warning names it (stalls.Call), made once by build_plan
 
     def new_scratch(self) -> list:
         return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
@@ -82,10 +84,12 @@ def build_plan(state, backend, choice, collective: Collective, count: int, dtype
     if choice.algorithm == NATIVE:
         if state.make_room():
             forget_bound()  # the runs kept bound to arrays may hold the plan it freed
-        return native_plan(reduce_op, backend.divide, state, count, dtype, sign, persistent=collective is ALLREDUCE)
-    transport, ipc_peers, choice = routed(state, backend, choice, segment)
-    elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
-    shape = Shape(choice.algorithm, state.size, state.rank, count, elements, WINDOW, backend.staged,
-                  stepwise and not elements and not backend.asynchronous, collective,
-                  state.topology if state.topology.nodes > 1 else None, ipc_peers)
-    return schedule_plan(shape, backend, reduce_op, dtype, sign, transport)
+        plan = native_plan(reduce_op, backend.divide, state, count, dtype, sign, persistent=collective is ALLREDUCE)
+    else:
+        transport, ipc_peers, choice = routed(state, backend, choice, segment)
+        elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
+        shape = Shape(choice.algorithm, state.size, state.rank, count, elements, WINDOW, backend.staged,
+                      stepwise and not elements and not backend.asynchronous, collective,
+                      state.topology if state.topology.nodes > 1 else None, ipc_peers)
+        plan = schedule_plan(shape, backend, reduce_op, dtype, sign, transport)
+    return plan._replace(what=Call(state, count, dtype, sign.op, sign.algorithm, plan.peers))
