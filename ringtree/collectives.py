@@ -155,11 +155,17 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
     comm = MPI.COMM_WORLD if comm is None else comm
     key = _repeat_key(name, comm, algorithm, segment, check, timeout, buffers)
     repeat = REPEATS.get(key) if key is not None else None
-    if repeat is None or not all(array.flags.writeable for array in repeat.written):
+    if repeat is not None:
+        for array in repeat.written:  # a loop: a generator's set-up costs more than the few arrays
+            if not array.flags.writeable:
+                repeat = None
+                break
+    if repeat is None:
         repeat = _first(name, comm, algorithm, segment, check, timeout, buffers, key)  # agreed already
     else:
         repeat.state.check_usable()
-        _agree(repeat, comm)
+        if repeat.comparison is not None:
+            _agree(repeat, comm)
     call, state = repeat.call, repeat.state
     with call.context:
         if blocking and (repeat.native is not None or (repeat.steps is not None and may_step(state, None))):

@@ -43,7 +43,8 @@ def in_call(comm, run, *arguments, confirm=None):
                 _confirm_if_due(comm, communicator, None, confirm)
     finally:
         FIRST_IN[0] = outer
-    intruded()
+    if FIRST_IN[1] is not None:
+        intruded()
     return result
 
 
