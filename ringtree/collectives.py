@@ -165,7 +165,7 @@ def _started(name, blocking, comm, algorithm, segment, check, timeout, *buffers)
     else:
         repeat.state.check_usable()
         if repeat.comparison is not None:
-            _agree(repeat, comm)
+            _agree(repeat)
     call, state = repeat.call, repeat.state
     with call.context:
         if blocking and (repeat.native is not None or (repeat.steps is not None and may_step(state, None))):
@@ -256,7 +256,8 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     repeat = _Repeat((comm, *buffers), (), call, state, sign, dtype, None, None, None,
                      f"{name} on rank {state.rank} of {state.name} ({sign.described()})", timeout, comparison,
                      call.after)
-    _agree(repeat, comm)  # before the plan: making a native one is a collective
+    if comparison is not None:
+        _agree(repeat)  # before the plan: making a native one is a collective
     plan_key = (collective, call.backend, algorithm, call.count, dtype, call.reduce_op, segment, native_ok)
     plan = state.plans.get(plan_key)
     if plan is None:
@@ -283,12 +284,11 @@ def _first(name, comm, algorithm, segment, check, timeout, buffers, key) -> _Rep
     return repeat
 
 
-def _agree(repeat: _Repeat, comm) -> None:
-    """Where the call is compared first (check mode, a rooted call): MismatchError on every rank unless
-    every rank makes it with the same arguments."""
-    if repeat.comparison is not None:
-        record, described, what = repeat.comparison
-        agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1], what)
+def _agree(repeat: _Repeat) -> None:
+    """The call's comparison (check mode, a rooted call): MismatchError on every rank unless every rank
+    makes it with the same arguments."""
+    record, described, what = repeat.comparison
+    agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1], what)
 
 
 def _start(call: Prepared, state, repeat: _Repeat, timeout) -> Request:

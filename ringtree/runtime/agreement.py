@@ -19,7 +19,7 @@ from mpi4py import MPI
 from ..errors import MismatchError, TimeoutError
 from ..ops import ReduceOp
 from .backoff import wait_until
-from .mismatch import Signature, Watch, ranks_text
+from .mismatch import Signature, Watch, differing
 from .reliability import whereabouts
 from .small import small_allreduce
 from .stalls import watched
@@ -73,11 +73,7 @@ def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout:
     everyone = state.comm.allgather((count, dtype.name, op, algorithm, collective, seq))  # rare: who differs
     differences = []
     for k, field in enumerate(_FIELDS):
-        holders: dict = {}
-        for rank, value in enumerate(everyone):
-            holders.setdefault(value[k], []).append(rank)
-        if len(holders) > 1:
-            differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
+        differences += differing(field, {rank: value[k] for rank, value in enumerate(everyone)})
     raise MismatchError(f"ringtree {name} on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree "
                         f"at call #{seq}: " + " | ".join(differences))
 

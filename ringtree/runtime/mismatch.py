@@ -39,7 +39,7 @@ from ..ops import ReduceOp
 from .backoff import Backoff
 
 __all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "refused", "ranks_text",
-           "CALL", "REFUSED"]
+           "differing", "CALL", "REFUSED"]
 
 CALL = 3  # the control communicator's tag for a rank's signature (reliability.py uses 1 and 2)
 ANNOUNCE_SECONDS = 0.5  # a wait in MPI's own allreduce idle this long tells the others which call it is in
@@ -312,11 +312,7 @@ def _message(state, seq: int, signature: Signature, why: str, reason: str, repor
     everyone = {state.rank: signature, **{rank: report[1] for rank, report in reports.items() if report[0] == seq}}
     differences = []
     for k, field in enumerate(_FIELDS, start=1):
-        holders: dict = {}
-        for rank in sorted(everyone):
-            holders.setdefault(everyone[rank][k], []).append(rank)
-        if len(holders) > 1:
-            differences.append(f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
+        differences += differing(field, {rank: everyone[rank][k] for rank in sorted(everyone)})
     shared = {state.rank: bool(state.threads_bit), **{rank: report[4] for rank, report in reports.items()
                                                        if report[0] == seq}}
     if len(set(shared.values())) > 1:
@@ -329,6 +325,17 @@ def _message(state, seq: int, signature: Signature, why: str, reason: str, repor
     return (f"ringtree {signature.collective} on rank {state.rank}: the ranks of {state.comm.Get_name()} "
             f"disagree at call #{seq} (here {signature.described()}): "
             + (" | ".join(differences) or why) + f" ({why})")
+
+
+def differing(field: str, by_rank: dict) -> list[str]:
+    """["field: 'a' on rank 0; 'b' on ranks 1-2"] where the ranks of `by_rank` (rank -> value, in rank
+    order) hold more than one value of `field`; else []."""
+    holders: dict = {}
+    for rank, value in by_rank.items():
+        holders.setdefault(value, []).append(rank)
+    if len(holders) < 2:
+        return []
+    return [f"{field}: " + "; ".join(f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items())]
 
 
 def ranks_text(ranks: list[int]) -> str:

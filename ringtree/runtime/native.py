@@ -14,7 +14,7 @@ from ..ops import MPI_OP, ReduceOp
 from ..tuning.online import Tuner
 from .backoff import wait_until
 from .in_flight import progress_others
-from .mismatch import Signature, Watch, everywhere, ranks_text
+from .mismatch import Signature, Watch, differing, everywhere
 from .stalls import watched
 
 __all__ = ["NativePlan", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started", "native_runner",
@@ -256,12 +256,9 @@ def broadcast_showing_roots(state, target: np.ndarray, root: int):
     def after() -> None:
         if combined[nbytes:].tobytes() != roots:
             named = state.comm.allgather(root)  # every rank is here: it saw the same bits
-            holders: dict = {}
-            for rank, value in enumerate(named):
-                holders.setdefault(value, []).append(rank)
             raise MismatchError(f"ringtree broadcast on rank {state.rank}: the ranks of {state.comm.Get_name()} "
-                                f"disagree at call #{seq[0]}: collective: " + "; ".join(
-                                    f"'broadcast root {value}' on {ranks_text(ranks)}" for value, ranks in holders.items()))
+                                f"disagree at call #{seq[0]}: " + " | ".join(differing(
+                                    "collective", {rank: f"broadcast root {value}" for rank, value in enumerate(named)})))
         if not at_root:
             data[:] = received
     return start, after
