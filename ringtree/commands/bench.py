@@ -49,7 +49,7 @@ from .arguments import (
     positive,
     sizes_from_args,
 )
-from .measure import across_ranks, exact_inputs, in_pass_order, table_rows, time_in_turns
+from .measure import across_ranks, exact_data, exact_inputs, in_pass_order, table_rows, time_in_turns
 
 NATIVE = "native"
 ROUNDTRIP = "roundtrip"
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     name, dtype, op, algorithms = args.collective, args.dtype, parse_op(args.op), args.algorithms
-    reducing = name in ("allreduce", "reduce_scatter", "reduce")
+    redop = op if name in ("allreduce", "reduce_scatter", "reduce") else None  # as the table shows it
     baseline = next((case for case in (NATIVE, ROUNDTRIP) if case in algorithms), None)
     if name == "allreduce":
         counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         counts = sorted({max(1, nbytes // dtype.itemsize // size) * size for nbytes in sizes_from_args(args)})
     if rank == 0:
         print(f"# ringtree bench{'' if name == 'allreduce' else ' ' + name}: {size} ranks, {dtype}"
-              + (f", {op.value}" if reducing else "")
+              + (f", {op.value}" if redop is not None else "")
               + (f", {'in place' if args.inplace else 'out of place'}" if name == "allreduce" else "")
               + f", {'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"
               + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
@@ -149,15 +149,14 @@ def run(args: argparse.Namespace) -> list[dict]:
         for count in in_pass_order(counts, k):
             passes[count].append(measure(comm, name, cases, count, dtype, op, args, args.warmup))
             if args.passes == 1:
-                rows += table_rows(comm, name, algorithms, count, dtype, op if reducing else None, passes[count],
-                                   baseline)
+                rows += table_rows(comm, name, algorithms, count, dtype, redop, passes[count], baseline)
             elif progress is not None:
                 progress.update()
     if args.passes > 1:
         if progress is not None:
             progress.close()
         for count in counts:
-            rows += table_rows(comm, name, algorithms, count, dtype, op if reducing else None, passes[count], baseline)
+            rows += table_rows(comm, name, algorithms, count, dtype, redop, passes[count], baseline)
     return _written(args, comm, rows, baseline)
 
 
@@ -179,9 +178,10 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
     """Each case's median seconds per call, the slowest rank's, timed in turns, and the elements its
     result got wrong against MPI's own on the same inputs (every rank's together), after `warmup`
     untimed calls of each. `cases`: label -> (algorithm, segment)."""
-    send, out, expected = _buffers(comm, name, count, dtype, op, getattr(args, "cupy", False))
+    inplace, cupy = getattr(args, "inplace", False), getattr(args, "cupy", False)  # tune's arguments have neither
+    send, out, expected = _buffers(comm, name, count, dtype, op, cupy)
     original = out.copy()
-    calls = {label: _call(comm, name, algorithm, send, out, op, segment, args)
+    calls = {label: _call(comm, name, algorithm, send, out, op, segment, inplace, cupy)
              for label, (algorithm, segment) in cases.items()}
     checked = name != "reduce" or comm.Get_rank() == 0  # a reduce's other ranks get nothing
     wrong = []
@@ -189,12 +189,12 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
         for _ in range(warmup + 1):
             out[...] = original  # in place, every call must start from the input again
             call()
-        got = out.get() if getattr(args, "cupy", False) else out
+        got = out.get() if cupy else out
         wrong.append(np.count_nonzero(got != expected) if checked else 0)
     wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
     # In place every call adds into the last result, so the values grow until they overflow to inf,
     # which changes neither the work nor its time: numpy need not warn about it.
-    with np.errstate(over="ignore" if getattr(args, "inplace", False) else "warn"):
+    with np.errstate(over="ignore" if inplace else "warn"):
         return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong
 
 
@@ -203,14 +203,14 @@ def _buffers(comm, name, count, dtype, op, cupy: bool):
     integers, which every order of a sum adds to the same bits. A broadcast's input is its output
     at rank 0; an allreduce's output starts as its input (its buffer in place)."""
     data, expected = exact_inputs(comm, count, dtype, op) if name == "allreduce" else (
-        (np.arange(count) % 7 + comm.Get_rank() % 3 + 1).astype(dtype), None)
+        exact_data(comm, count, dtype), None)
     block = count // comm.Get_size()
     send, out = {"allreduce": (data, data.copy()), "reduce_scatter": (data, np.empty(block, dtype)),
                  "allgather": (data[:block].copy(), np.empty(count, dtype)), "broadcast": (None, data),
                  "reduce": (data, np.empty(count, dtype))}[name]
     if expected is None:
         original = out.copy()
-        _call(comm, name, NATIVE, send, out, op, None, None)()
+        _call(comm, name, NATIVE, send, out, op, None)()
         expected, out[...] = out.copy(), original
     if cupy:
         import cupy as cp
@@ -218,11 +218,10 @@ def _buffers(comm, name, count, dtype, op, cupy: bool):
     return send, out, expected
 
 
-def _call(comm, name, algorithm, data, out, op, segment, args):
+def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, cupy: bool = False):
     """A function running one call of the collective of `data` into `out` (a broadcast: of `out`, from
-    rank 0; an allreduce with --inplace: of `out` into itself); with --cupy, one that returns once
-    the GPU has finished it."""
-    inplace, cupy = getattr(args, "inplace", False), getattr(args, "cupy", False)
+    rank 0; an allreduce `inplace`: of `out` into itself); with `cupy`, one that returns once the GPU
+    has finished it."""
     if algorithm == ROUNDTRIP:
         return _roundtrip(comm, data, out, op, inplace)
     send = MPI.IN_PLACE if inplace else data

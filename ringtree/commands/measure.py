@@ -25,10 +25,15 @@ def in_pass_order(sizes: list, k: int) -> list:
     return sizes if k % 2 == 0 else sizes[::-1]
 
 
+def exact_data(comm, count: int, dtype) -> np.ndarray:
+    """This rank's input: small integers, which every order of summation adds to the same bits, so any
+    algorithm's result can be checked exactly."""
+    return (np.arange(count) % 7 + comm.Get_rank() % 3 + 1).astype(dtype)
+
+
 def exact_inputs(comm, count: int, dtype, op: ReduceOp = ReduceOp.SUM) -> tuple[np.ndarray, np.ndarray]:
-    """(this rank's input, the native MPI result): small integers, which every order of summation
-    adds to the same bits, so any algorithm's result can be checked exactly."""
-    data = (np.arange(count) % 7 + comm.Get_rank() % 3 + 1).astype(dtype)
+    """(this rank's input, exact_data, and MPI's own allreduce of it)."""
+    data = exact_data(comm, count, dtype)
     expected = np.empty_like(data)
     comm.Allreduce(data, expected, MPI_OP[op])
     if op is ReduceOp.AVG:
