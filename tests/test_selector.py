@@ -125,7 +125,8 @@ def test_the_models_bytes_bound_what_the_busiest_rank_sends(algorithm, nranks):
 
 
 def test_tune_picks_per_algorithm_the_segment_best_where_all_were_tried():
-    from ringtree.commands.tune import candidates, segments_from
+    from ringtree.commands.measure import candidates
+    from ringtree.commands.table_file import segments_from
     timings = {(1 << 20): 3.0, (4 << 20): 2.0, (16 << 20): 2.5}
     measurements = []
     for nbytes in (8 << 20, 32 << 20, 64 << 20):
@@ -136,7 +137,7 @@ def test_tune_picks_per_algorithm_the_segment_best_where_all_were_tried():
 
 
 def _winners(times_by_size: dict[int, dict[str, float]]) -> list[str]:
-    from ringtree.commands.tune import winners_from
+    from ringtree.commands.table_file import winners_from
     mean = {nbytes: {(alg, 0): t for alg, t in times.items()} for nbytes, times in times_by_size.items()}
     return [alg for _, alg, *_ in winners_from(mean, ["ring", "tree"], {"ring": 1 << 30, "tree": 1 << 30})]
 
@@ -189,7 +190,7 @@ def test_rules_are_kept_per_layout_of_nodes_and_ranks_per_node():
 
 
 def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
-    from ringtree.commands.tune import merged_rules, rules_from
+    from ringtree.commands.table_file import merged_rules, rules_from
     old = [_rule(0, 1024, "recursive_doubling"), _rule(1025, 1 << 20, "rabenseifner", 1 << 21),
            _rule((1 << 20) + 1, None, "ring", 1 << 22)]
     # re-tuned 4 KiB to 64 KiB (grid point below: 2 KiB): the ring wins up to 16 KiB, then the tree
@@ -209,7 +210,7 @@ def test_a_merged_retune_replaces_the_rules_of_its_sizes_only():
 
 
 def test_tune_writes_mpi_s_own_where_it_is_fastest_with_ringtree_s_fastest_for_the_calls_it_cannot_run():
-    from ringtree.commands.tune import rules_from, winners_from
+    from ringtree.commands.table_file import rules_from, winners_from
     from ringtree.tuning.online import NATIVE
     # MPI's own fastest up to 512 B, then the ring; the tree beats the ring below 4 KiB
     mean = {1 << k: {("tree", 0): 2.0, ("ring", 0 if k <= 22 else 1 << 22): 3.0 if k < 12 else 1.0,

@@ -38,6 +38,7 @@ from ..allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
 from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support
+from ..tuning.online import NATIVE
 from .arguments import (
     UsageError,
     at_least,
@@ -51,7 +52,6 @@ from .arguments import (
 )
 from .measure import across_ranks, exact_data, exact_inputs, in_pass_order, table_rows, time_in_turns
 
-NATIVE = "native"
 ROUNDTRIP = "roundtrip"
 NAMES = [*dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms), "auto", NATIVE, ROUNDTRIP]
 COLLECTIVES = list(GENERATORS)

@@ -22,8 +22,14 @@ size for it, the rules for sizes above the grid point below -b up to -e are
 replaced, and the table's rules for smaller and larger sizes stay.
 
 With --collective reduce_scatter, allgather, broadcast or reduce it tunes that
-collective instead, MPI's own among the candidates of its rules, into the same
-file (tune_collectives.py says how).
+collective instead, into the same file, the same way (its size is every block
+together; a size rounds down to a whole number of elements per rank), with
+rules by size alone for this rank count: those of the fastest case, MPI's own
+among them ("rules"), and those of ringtree's fastest ("without_native", for the
+calls MPI's own cannot run: device memory, a reduction MPI lacks, a call with a
+timeout). With RINGTREE_TUNING_FILE naming the file, `auto` takes them (a size
+past the largest measured, the last rule's choice), and those of the packaged
+table for the collectives the file has none of.
 
     mpiexec -n 2 python -m ringtree tune -o tuning.json
     RINGTREE_TUNING_FILE=tuning.json mpiexec -n 2 python my_training.py
@@ -34,14 +40,13 @@ file (tune_collectives.py says how).
 from __future__ import annotations
 
 import argparse
-import math
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import settings
 from ..algorithms import GENERATORS, REGISTRY
-from ..allreduce import allreduce
+from ..ops import ReduceOp
 from ..runtime.state import cache_identity, comm_state
 from ..tuning import cache
 from ..tuning.model import fit
@@ -58,12 +63,28 @@ from .arguments import (
     size_list,
     sizes_from_args,
 )
-from .measure import candidates, exact_inputs, in_pass_order, smoothed, time_in_turns
-from .table_file import read_table, write_table_file
-from .tune_collectives import SEGMENTS_OF_COLLECTIVES, run_collective
+from .bench import measure
+from .measure import candidates, in_pass_order, smoothed
+from .table_file import (
+    case_of,
+    layout_key,
+    layout_of,
+    measured_key,
+    merged_rules,
+    read_table,
+    rules_from,
+    segments_from,
+    size_rules,
+    winners_from,
+    write_table,
+    write_table_file,
+)
 
-SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)
-NATIVE_CASE = (NATIVE, 0)  # timed at every size too, for the tuning cache
+SEGMENTS = (1 << 20, 2 << 20, 4 << 20, 16 << 20)  # allreduce's
+SEGMENTS_OF_COLLECTIVES = (256 << 10, 1 << 20, 4 << 20)
+NATIVE_CASE = (NATIVE, 0)  # timed at every size too
+UNSPLIT = 1 << 62  # a segment no message reaches
+DTYPE = np.dtype(np.float32)
 NAMES = list(dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms))
 
 
@@ -72,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
     parser.add_argument("--collective", choices=list(GENERATORS), default="allreduce",
-                        help="the collective to tune (another than allreduce: tune_collectives.py says how)")
+                        help="the collective to tune")
     parser.add_argument("--algorithms", type=comma_list(NAMES), default=None,
                         help="comma-separated algorithms to try (default: every one of the collective)")
     parser.add_argument("--segments", type=size_list, default=None,
@@ -108,42 +129,57 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
-    if args.collective != "allreduce":
-        run_collective(args, comm)
-        return
-    rank, nranks = comm.Get_rank(), comm.Get_size()
+    name, rank, nranks = args.collective, comm.Get_rank(), comm.Get_size()
     layout = layout_of(comm_state(comm).topology)
-    algorithms = args.algorithms
-    sizes = sizes_from_args(args)
     table = _table_to_merge(comm, args.output, layout) if args.merge else None
     kept_segments = table["segments"][str(nranks)] if args.merge else None
+    if name == "allreduce":
+        counts = {nbytes: max(1, nbytes // DTYPE.itemsize) for nbytes in sizes_from_args(args)}
+    else:  # every block of the same count: a size rounds down to a whole number of elements per rank
+        counts = {count * DTYPE.itemsize: count for count in sorted(
+            {max(1, nbytes // DTYPE.itemsize // nranks) * nranks for nbytes in sizes_from_args(args)})}
 
-    def cases(nbytes: int) -> list[tuple[str, int]]:
-        if kept_segments is None:
-            return candidates(nbytes, algorithms, args.segments)
-        return [_case(alg, nbytes, kept_segments) for alg in algorithms]
+    def cases(nbytes: int) -> dict:
+        found = (candidates(nbytes, args.algorithms, args.segments) if kept_segments is None
+                 else [case_of(alg, nbytes, kept_segments) for alg in args.algorithms])
+        return {NATIVE_CASE: (NATIVE, None), **{case: (case[0], case[1] or UNSPLIT) for case in found}}
 
     progress = None
     if rank == 0:
         from tqdm import tqdm
-        progress = tqdm(total=args.passes * sum(len(cases(s)) + 1 for s in sizes), unit="case",
-                        desc=f"tune {nranks} ranks")
+        progress = tqdm(total=args.passes * sum(len(cases(nbytes)) for nbytes in counts), unit="case",
+                        desc=f"tune {name} {nranks} ranks")
     # Each pass times the whole grid, the second from the largest size down; a case's time is the
     # mean over passes, so a choice rests on the machine at more than one moment.
-    passes: dict[int, list[dict]] = {nbytes: [] for nbytes in sizes}
+    passes: dict[int, list[dict]] = {nbytes: [] for nbytes in counts}
     for k in range(args.passes):
-        for nbytes in in_pass_order(sizes, k):
-            passes[nbytes].append(_measure(comm, nbytes, cases(nbytes), args))
+        for nbytes in in_pass_order(list(counts), k):
+            times, wrong = measure(comm, name, cases(nbytes), counts[nbytes], DTYPE, ReduceOp.SUM, args)
+            if any(wrong.values()):
+                raise SystemExit(f"tune: {name} results differ from native MPI at {nbytes} B: "
+                                 f"{[case for case, n in wrong.items() if n]}")
+            passes[nbytes].append(times)
             if progress is not None:
-                progress.update(len(passes[nbytes][-1]))
+                progress.update(len(times))
     if progress is not None:
         progress.close()
-    who = cache_identity(comm, comm_state(comm).topology)
+    who = cache_identity(comm, comm_state(comm).topology) if name == "allreduce" else None
     if rank != 0:
         return
-
     mean = {nbytes: {case: float(np.mean([p[case] for p in runs])) for case in runs[0]}
             for nbytes, runs in passes.items()}
+    if name == "allreduce":
+        _write_allreduce(args, nranks, layout, table, kept_segments, mean, who)
+    else:
+        _write_collective(args, name, nranks, mean)
+
+
+def _write_allreduce(args, nranks: int, layout: dict, table: dict | None, kept_segments: dict | None, mean: dict,
+                     who: dict) -> None:
+    """allreduce's rules for this layout from the mean times (`mean`: size -> case -> seconds), with
+    the model fitted to them and each algorithm's segment size, into the table; the fastest at each
+    size into the tuning cache."""
+    algorithms, sizes = args.algorithms, list(mean)
     if settings.current().tune != "off":
         _keep_in_cache(who, mean)
     measured = [(alg, nranks, nbytes, seg, seconds) for nbytes, timed in mean.items() for (alg, seg), seconds in timed.items()]
@@ -185,6 +221,28 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
 
 
+def _write_collective(args, name: str, nranks: int, mean: dict) -> None:
+    """Another collective's rules for this rank count from the mean times (`mean`: size -> case ->
+    seconds), with and without MPI's own among the candidates, into the table's "collectives"."""
+    sizes, timed = list(mean), list(mean.values())
+    own = [{case: seconds for case, seconds in times.items() if case[0] != NATIVE} for times in timed]
+    found = {"rules": size_rules(sizes, smoothed(timed)), "without_native": size_rules(sizes, smoothed(own)),
+             "measured": [{"bytes": nbytes, "algorithm": alg, "segment": seg, "seconds": seconds}
+                          for nbytes, times in mean.items() for (alg, seg), seconds in times.items()]}
+    for kind in ("rules", "without_native"):
+        print(f"\n{name} on {nranks} ranks, {kind}: which algorithm wins from which size")
+        print(f"{'from':>10} {'to':>10}  {'algorithm':<19} segment")
+        for rule in found[kind]:
+            low, high = rule["bytes"]
+            print(f"{low:>10} {high:>10}  {rule['algorithm']:<19} "
+                  f"{format_size(rule['segment']) if rule['segment'] else 'unsplit'}")
+    data = read_table(args.output)
+    data.setdefault("collectives", {}).setdefault(name, {})[str(nranks)] = found
+    write_table_file(args.output, data, args.note)
+    print(f"\nwrote {args.output}; `auto` takes its {name} rules with RINGTREE_TUNING_FILE={args.output} "
+          f"(past {format_size(sizes[-1])}, the last rule's choice)")
+
+
 def _keep_in_cache(who: dict, mean: dict[int, dict[tuple[str, int], float]]) -> None:
     """The fastest case at each size, native MPI among them, into the tuning cache, as online tuning
     would have committed it for a blocking out-of-place float32 call: a later job on these hosts and
@@ -197,147 +255,6 @@ def _keep_in_cache(who: dict, mean: dict[int, dict[tuple[str, int], float]]) -> 
         print(f"could not write the tuning cache {path}: {error.strerror}")
         return
     print(f"kept the fastest at each size, native MPI among them, in the tuning cache {path}")
-
-
-def _measure(comm, nbytes: int, cases: list[tuple[str, int]], args) -> dict[tuple[str, int], float]:
-    """Median seconds per call of each case and of native MPI, the slowest rank's, timed in turns."""
-    data, expected = exact_inputs(comm, max(1, nbytes // 4), np.float32)
-    out = np.empty_like(data)
-    calls = {case: (lambda alg=case[0], seg=case[1]: allreduce(data, out, comm=comm, algorithm=alg,
-                                                                segment=seg or 1 << 62))
-             for case in cases}
-    calls[NATIVE_CASE] = lambda: comm.Allreduce(data, out)
-    wrong = []
-    for case, call in calls.items():
-        call()
-        if not np.array_equal(out, expected):
-            wrong.append(case)
-    wrong = comm.allgather(wrong)
-    if any(wrong):
-        raise SystemExit(f"tune: results differ from native MPI at {nbytes} B: {wrong}")
-
-    return time_in_turns(comm, calls, args.batch, args.iters, args.budget)
-
-
-def winners_from(mean: dict[int, dict[tuple[str, int], float]], algorithms: list[str],
-                 best_segments: dict[str, int], without_native: list | None = None) -> list[tuple]:
-    """(size, algorithm, segment, seconds, and where it is NATIVE the winner of `without_native` at
-    that size) for each size of `mean` (size -> (algorithm, segment) -> seconds), ascending: each
-    algorithm with its one segment size, unsplit where the message is no larger, the fastest at each
-    size, except that a lone size between two of another winner takes theirs where that is within
-    BLIP_WITHIN. A crossover stays where it was measured."""
-    sizes = sorted(mean)
-    time_of = []
-    for nbytes in sizes:
-        cases = {alg: _case(alg, nbytes, best_segments) for alg in algorithms}
-        time_of.append({alg: mean[nbytes][case] for alg, case in cases.items() if case in mean[nbytes]})
-    chosen = smoothed(time_of)
-    return [(nbytes, *_case(alg, nbytes, best_segments), times[alg],
-             without_native[k] if alg == NATIVE else None)
-            for k, (nbytes, alg, times) in enumerate(zip(sizes, chosen, time_of))]
-
-
-def _case(algorithm: str, nbytes: int, segments: dict[str, int]) -> tuple[str, int]:
-    """(algorithm, segment) as a call of `nbytes` naming it runs with these segment sizes: unsplit
-    where the message is no larger than its segment; MPI's own unsplit always."""
-    segment = segments.get(algorithm, REGISTRY["allreduce"][algorithm].segment) if algorithm != NATIVE else 0
-    return algorithm, segment if nbytes > segment else 0
-
-
-def layout_of(topology) -> dict:
-    """The fields that limit a rule to the layout `topology` is: its rank count, its nodes and the
-    most ranks on one of them."""
-    n, nodes, per_node = topology.nranks, topology.nodes, max(topology.ranks_per_node)
-    return {"ranks": [n, n], "nodes": [nodes, nodes], "ranks_per_node": [per_node, per_node]}
-
-
-def measured_key(layout: dict) -> str:
-    """Where a table keeps the times a layout's rules rest on: "4" on one node, "4 on 2 nodes of 2"."""
-    n, nodes, per_node = layout["ranks"][0], layout["nodes"][0], layout["ranks_per_node"][0]
-    return str(n) if nodes == 1 else f"{n} on {nodes} nodes of {per_node}"
-
-
-def layout_key(rule: dict) -> tuple:
-    """Which layout a rule was tuned on; a rule that names none, on one node (as tables were before
-    ringtree told nodes apart)."""
-    return (tuple(rule["ranks"]), tuple(rule.get("nodes", (1, 1))), tuple(rule.get("ranks_per_node", rule["ranks"])))
-
-
-def rules_from(winners: list[tuple], layout: dict, previous: int = -1) -> list[dict]:
-    """Rules for one layout from the winner at each size (winners_from): runs of one winner become
-    one rule, covering the sizes above the previous grid point (the first: above `previous`) up to
-    its last grid point; a rule of MPI's own names ringtree's winner for the calls MPI cannot run.
-    No rule goes past the largest size measured: a table rules only what it measured."""
-    rules: list[dict] = []
-    for nbytes, algorithm, segment, _, otherwise in winners:
-        rule = {"algorithm": algorithm, "segment": segment}
-        if otherwise is not None:
-            rule["without_native"] = {"algorithm": otherwise[1], "segment": otherwise[2]}
-        if rules and _same(rules[-1], rule):
-            rules[-1]["bytes"][1] = nbytes
-        else:
-            rules.append({**{key: list(value) for key, value in layout.items()}, "bytes": [previous + 1, nbytes],
-                          **rule})
-        previous = nbytes
-    return rules
-
-
-def _same(rule: dict, other: dict) -> bool:
-    """Whether two neighbouring rules choose alike, so that they can be one."""
-    return all(rule.get(key) == other.get(key) for key in ("algorithm", "segment", "without_native"))
-
-
-def merged_rules(old: list[dict], new: list[dict], low: int, high: int) -> list[dict]:
-    """One rank count's rules: `old` for sizes up to `low` and above `high`, `new` (which covers the
-    sizes between) in between; neighbours with the same algorithm and segment become one rule."""
-    def upper(rule):
-        return float("inf") if rule["bytes"][1] is None else rule["bytes"][1]
-
-    below = [{**rule, "bytes": [rule["bytes"][0], min(upper(rule), low)]} for rule in old if rule["bytes"][0] <= low]
-    above = [{**rule, "bytes": [max(rule["bytes"][0], high + 1), rule["bytes"][1]]} for rule in old
-             if upper(rule) > high]
-    rules: list[dict] = []
-    for rule in below + new + above:
-        if rules and _same(rules[-1], rule):
-            rules[-1]["bytes"][1] = rule["bytes"][1]
-        else:
-            rules.append({**rule, "bytes": list(rule["bytes"])})
-    return rules
-
-
-def segments_from(measurements) -> dict[str, int]:
-    """Per algorithm, the segment size that did best over the sizes where every segment was tried
-    (by the geometric mean of its time over the best time at each size)."""
-    times: dict[str, dict[int, dict[int, float]]] = {}
-    for algorithm, _, nbytes, segment, seconds in measurements:
-        times.setdefault(algorithm, {}).setdefault(nbytes, {})[segment] = seconds
-    chosen = {}
-    for algorithm, by_size in times.items():
-        segments = {segment for by_segment in by_size.values() for segment in by_segment if segment}
-        full = [{s: by_segment[s] for s in segments} for by_segment in by_size.values()
-                if segments <= by_segment.keys()]
-        if segments and full:
-            score = {segment: sum(math.log(t[segment] / min(t.values())) for t in full) for segment in segments}
-            chosen[algorithm] = min(sorted(score), key=score.get)
-    return chosen
-
-
-def write_table(path: str, layout: dict, rules: list[dict], params, best_segments: dict[str, int], note: str,
-                measurements) -> None:
-    """Write the rules and every case's time (`measurements`: (algorithm, nranks, bytes, segment,
-    seconds)) for `layout` into the table at `path`, keeping other layouts'; on one node also the
-    model and segment sizes of its rank count (those the selector reads on one node only)."""
-    data = read_table(path)
-    nranks = layout["ranks"][0]
-    kept = [rule for rule in data["rules"] if layout_key(rule) != layout_key(layout)]
-    # A rule for any layout comes after those for one, within a rank count: the first match wins.
-    data["rules"] = sorted(kept + rules, key=lambda rule: (rule["ranks"][0], "nodes" not in rule))
-    if layout["nodes"] == [1, 1]:
-        data["models"][str(nranks)] = params._asdict()
-        data["segments"][str(nranks)] = best_segments
-    data["measured"][measured_key(layout)] = [{"bytes": b, "algorithm": a, "segment": s, "seconds": t}
-                                     for a, _, b, s, t in measurements]
-    write_table_file(path, data, note)
 
 
 def _table_to_merge(comm, path: str, layout: dict) -> dict:
