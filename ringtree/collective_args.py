@@ -1,11 +1,10 @@
-"""The arguments of reduce_scatter, allgather, broadcast and reduce, checked on the calling rank before
-any message is sent, by mpi4py's rules for Reduce_scatter, Allgatherv, Bcast and Reduce: bad input raises
-TypeError or ValueError naming the rank and leaves the buffers untouched."""
+"""The arguments of every collective's call, checked on the calling rank before any message is sent, by
+mpi4py's rules for Allreduce, Reduce_scatter, Allgatherv, Bcast and Reduce: bad input raises TypeError or
+ValueError naming the rank and leaves the buffers untouched."""
 
 from __future__ import annotations
 
 import numbers
-from contextlib import nullcontext
 from typing import NamedTuple
 
 import numpy as np
@@ -14,8 +13,8 @@ from mpi4py import MPI
 from . import tensors
 from .buffers import as_array
 from .ops import ReduceOp, check_dtype, parse_op
-from .runtime.backend import Backend, NoDevice, backend_for
-from .schedule.ir import Collective, blocks
+from .runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
+from .schedule.ir import ALLREDUCE, Collective, blocks
 
 __all__ = ["Prepared", "prepared"]
 
@@ -32,7 +31,7 @@ class Prepared(NamedTuple):
     reduce_op: ReduceOp | None
     result: object  # what the call returns
     after: object  # None, or what to do once it is done (an in-place reduce-scatter's copy of its block)
-    context: object  # entered around the call: a CUDA tensor's is torch's current stream
+    context: object  # None, or entered around the call: a CUDA tensor's is torch's current stream
 
 
 def prepared(name: str, comm, *arguments) -> Prepared:
@@ -41,6 +40,44 @@ def prepared(name: str, comm, *arguments) -> Prepared:
         return _CHECKS[name](comm.Get_rank(), comm.Get_size(), *arguments)
     except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree {name} on rank {comm.Get_rank()}: {error}") from None
+
+
+def _allreduce(rank, size, sendbuf, recvbuf, op) -> Prepared:
+    """allreduce's arrays (numpy's or CuPy's, as allreduce passes them: buffer specifications and tensors
+    come as arrays, buffers.converted_call)."""
+    reduce_op = parse_op(op)
+    if sendbuf is MPI.IN_PLACE:
+        if recvbuf is None:
+            raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
+        sendbuf = recvbuf
+    backend = NumpyBackend if type(sendbuf) is np.ndarray else _array_backend(sendbuf, "sendbuf")
+    if not sendbuf.flags.c_contiguous:
+        raise _not_contiguous("sendbuf", sendbuf)
+    check_dtype(sendbuf.dtype, reduce_op)
+    backend.check(sendbuf, "sendbuf", reduce_op)
+    inplace = recvbuf is sendbuf
+    if recvbuf is None:
+        recvbuf = backend.empty_like(sendbuf)
+    else:
+        if not inplace:
+            if type(recvbuf) is not type(sendbuf) and _array_backend(recvbuf, "recvbuf") is not backend:
+                raise TypeError(f"sendbuf is a {_type_name(sendbuf)} but recvbuf is a {_type_name(recvbuf)}")
+            if not recvbuf.flags.c_contiguous:
+                raise _not_contiguous("recvbuf", recvbuf)
+            if recvbuf.dtype != sendbuf.dtype:
+                raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
+            if recvbuf.size != sendbuf.size:  # as mpi4py: shapes may differ, the memory is what counts
+                raise ValueError(f"sendbuf has {sendbuf.size} elements but recvbuf has {recvbuf.size}")
+            backend.check(recvbuf, "recvbuf", reduce_op)
+            aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
+            if aliasing == "overlap":
+                raise ValueError("sendbuf and recvbuf overlap without being the same memory; use MPI.IN_PLACE")
+            inplace = aliasing == "same"
+        if not backend.writeable(recvbuf):
+            raise ValueError("recvbuf is read-only")
+    target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
+    return Prepared(ALLREDUCE, target.size, source, target, inplace, backend, reduce_op, recvbuf, None, None)
 
 
 def _reduce_scatter(rank, size, sendbuf, recvbuf, counts, op) -> Prepared:
@@ -127,7 +164,8 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
                     _context(recvbuf if recvbuf is not None else sendbuf))
 
 
-_CHECKS = {"reduce_scatter": _reduce_scatter, "allgather": _allgather, "broadcast": _broadcast, "reduce": _reduce}
+_CHECKS = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather, "broadcast": _broadcast,
+           "reduce": _reduce}
 
 
 def _array(spec, name: str, *, writable: bool):
@@ -139,6 +177,23 @@ def _array(spec, name: str, *, writable: bool):
     if writable and not (array.flags.writeable if isinstance(array, np.ndarray) else True):
         raise ValueError(f"{name} is read-only")
     return array
+
+
+def _array_backend(buf, name):
+    backend = backend_for(buf)
+    if backend is None:
+        raise TypeError(f"{name} must be a numpy or CuPy array, got {_type_name(buf)}")
+    return backend
+
+
+def _type_name(value) -> str:
+    cls = type(value)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _not_contiguous(name, buf) -> ValueError:
+    return ValueError(f"{name} is not C-contiguous (strides {buf.strides} for shape {buf.shape}); "
+                      "pass a contiguous copy, e.g. numpy.ascontiguousarray")
 
 
 def _backend(array, name: str, op: ReduceOp | None) -> type[Backend]:
@@ -212,4 +267,4 @@ def _flat_of(result):
 
 def _context(given):
     buf = given[0] if isinstance(given, (list, tuple)) else given
-    return tensors.stream_of(buf) if tensors.is_tensor(buf) else nullcontext()
+    return tensors.stream_of(buf) if tensors.is_tensor(buf) else None

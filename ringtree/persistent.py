@@ -9,7 +9,8 @@ from mpi4py import MPI
 from . import settings
 from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
-from .checks import checked, checked_timeout
+from .checks import check_comm, check_options, checked_timeout
+from .collective_args import prepared
 from .ops import known_op, named_defaults
 from .request import empty_status
 from .runtime.again import repeat_key
@@ -43,19 +44,20 @@ def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
             call = call._replace(send=MPI.IN_PLACE if sendbuf is None else sendbuf, recv=recvbuf)
     except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree allreduce_init on rank {comm.Get_rank()}: {error}") from None
-    source, target, reduce_op, _, inplace = checked(call.send, call.recv, op, comm, algorithm, None)
+    check_comm(comm)
+    check_options("allreduce", comm, algorithm, None, check)
+    prepared_call = prepared("allreduce", comm, call.send, call.recv, op)
     checked_timeout(timeout, comm, None)
 
     def start():
         with call.context:
             return iallreduce(call.send, call.recv, op, comm=comm, algorithm=algorithm, check=check, timeout=timeout)
+    source, target, inplace = prepared_call.source, prepared_call.target, prepared_call.inplace
     if (type(target) is not np.ndarray or check is not None or timeout is not None or known_op(op) is None
             or algorithm != "auto"):  # a named algorithm never settles on MPI's own
         return PersistentRequest(start)
-    target = target.reshape(-1)
-    source = target if inplace else source.reshape(-1)
-    return PersistentRequest(start, bind=lambda: _bound_native(source, target, inplace, op, reduce_op, comm, algorithm),
-                             comm=comm)
+    return PersistentRequest(start, bind=lambda: _bound_native(source, target, inplace, op, prepared_call.reduce_op,
+                                                               comm, algorithm), comm=comm)
 
 
 def _bound_native(source, target, inplace, op, reduce_op, comm, algorithm) -> BoundNative | None:

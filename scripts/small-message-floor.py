@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
-from ringtree.checks import checked
+from ringtree.collective_args import prepared
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     out, incoming = np.empty_like(data), np.empty_like(data)
 
     def floor():
-        checked(data, out, MPI.SUM, comm, "auto", None)
+        prepared("allreduce", comm, data, out, MPI.SUM)
         private.Sendrecv([data, MPI.BYTE], other, 7, [incoming, MPI.BYTE], other, 7)
         np.add(data, incoming, out=out)
 

@@ -262,8 +262,10 @@ def test_a_tuning_file_s_collective_rules_replace_the_packaged_ones_and_only_for
     selector.use_table(_collectives_table([{"bytes": [0, 1024], "algorithm": "native", "segment": 0},
                                            {"bytes": [1025, 1 << 20], "algorithm": "chain", "segment": 65536}]))
     try:
-        assert choose("broadcast", 1024, 2) == ("native", 0, "table mine.json broadcast rules 0")
-        assert choose("broadcast", 4096, 3) == ("chain", 0, "table mine.json broadcast rules 1")  # one segment: whole
+        choice = choose("broadcast", 1024, 2)
+        assert (choice.algorithm, choice.segment, choice.source) == ("native", 0, "table mine.json broadcast rules 0")
+        choice = choose("broadcast", 4096, 3)  # one segment: whole
+        assert (choice.algorithm, choice.segment, choice.source) == ("chain", 0, "table mine.json broadcast rules 1")
         assert choose("broadcast", 1 << 30, 2)[:2] == ("chain", 65536)  # past the largest size measured
         assert choose("broadcast", 1 << 30, 2, segment=1 << 20)[:2] == ("chain", 1 << 20)  # the caller's segment
         assert choose("broadcast", 4096, 2, native=False)[:2] == ("binomial", 0)

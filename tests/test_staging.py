@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from ringtree.algorithms import ALGORITHMS
-from ringtree.allreduce import _plan, _start
 from ringtree.ops import ReduceOp
+from ringtree.request import Request
 from ringtree.runtime.backend import NumpyBackend
+from ringtree.runtime.mismatch import signature
+from ringtree.runtime.plan import build_plan
 from ringtree.runtime.state import comm_state
 from ringtree.schedule import OpKind
+from ringtree.schedule.ir import ALLREDUCE
 from ringtree.schedule.pipeline import segmented
 from ringtree.schedule.staging import RECV_SLOTS, SEND_SLOTS, is_host, staged
 from ringtree.sim.verify import allreduce_schedules, verify_schedules
@@ -111,8 +114,8 @@ def test_the_engine_runs_staged_and_queued_work_like_native_mpi(backend, segment
     source = result if inplace else data
     state = comm_state(comm, None)
     choice = select(result.nbytes, state.size, result.dtype.name, "sum", algorithm, segment)
-    call = _plan(state, backend, choice, result, ReduceOp.SUM, (backend, algorithm, result.size, result.dtype, segment),
-                 algorithm, segment)
+    call = build_plan(state, backend, choice, ALLREDUCE, result.size, result.dtype, ReduceOp.SUM,
+                      signature(result.size, result.dtype, "sum", algorithm, segment), segment, choice.stepwise)
     assert any(is_host(name) for name, _ in call.compiled.schedule.scratch) == (backend.staged and comm.Get_size() > 1)
-    _start(call, state, source, result, result, inplace, None).wait()
+    Request(call.start(state, source, result, inplace, None), result).wait()
     assert np.array_equal(result, expected)

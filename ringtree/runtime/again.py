@@ -12,9 +12,8 @@ from mpi4py import MPI
 
 from ..errors import PeerFailure
 from .in_flight import IN_FLIGHT
-from .native import NativePlan, native_runner
 from .state import LAST
-from .stepwise import bound_steps, run_stepwise
+from .stepwise import run_stepwise
 from .threads import THREADED, get_ident
 
 __all__ = ["AGAIN", "AGAIN_MAX", "REPEATS", "forget_bound", "keep_again", "steps_runner", "repeat_of",
@@ -76,15 +75,11 @@ def forget_bound() -> None:
     REPEATS.clear()
 
 
-def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, call, steps, source, target, inplace, what) -> _Again:
+def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, dtype, inplace: bool, native: bool, run, what) -> _Again:
+    """Keep `run`, a blocking allreduce's run bound to these arrays, for its repeats on them."""
     if len(AGAIN) >= AGAIN_ENTRIES:
         AGAIN.clear()
-    native = type(call) is NativePlan
-    if native:
-        run = native_runner(call, state, source, target, inplace)
-    else:
-        run = steps_runner(call, state, bound_steps(steps, [source, target, *call.stepwise_scratch], state.remote), target)
-    again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, what)
+    again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, dtype, inplace, native, run, what)
     return again
 
 

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
+from mpi4py.util import dtlib
 
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
@@ -17,8 +18,9 @@ from .in_flight import progress_others
 from .mismatch import Signature, Watch, differing, everywhere
 from .stalls import watched
 
-__all__ = ["NativePlan", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started", "native_runner",
-           "start_native", "free_plan", "MPIOwn", "ROOTS_SHOWN_MAX", "broadcast_showing_roots"]
+__all__ = ["NativePlan", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started",
+           "native_runner", "native_start", "start_native", "free_plan", "MPIOwn", "ROOTS_SHOWN_MAX",
+           "broadcast_showing_roots"]
 
 # How long a wait in MPI's own collective only polls and yields, before it looks for a mismatch and
 # sleeps between polls: MPI moves a large message between the ranks of a node only as fast as both
@@ -300,3 +302,33 @@ class MPIOwn:
         if not self.done:
             wait_until(self.request.Test, progress_others)
             self.done = True
+
+
+def native_start(call, op):
+    """MPI's own nonblocking collective of a call of another collective than allreduce (`call`, a
+    collective_args.Prepared), as a function of the communicator to start it on: its arguments made
+    once, here, for every call of the repeat."""
+    collective, source, target = call.collective, call.source, call.target
+    name, root, counts = collective.name, collective.root, list(collective.counts)
+    if name == "reduce_scatter":  # Ireduce_scatter: under MPICH faster than Ireduce_scatter_block
+        return lambda comm: comm.Ireduce_scatter(source, target, counts, op)
+    if name == "reduce":
+        sendbuf = MPI.IN_PLACE if call.inplace else source
+        return lambda comm: comm.Ireduce(sendbuf, target if target.size or not source.size else None, op, root)
+    # These reduce nothing: any dtype goes, as bytes where MPI has no datatype of it.
+    whole, mine = _typed(target), _typed(source)
+    if name == "broadcast":
+        return lambda comm: comm.Ibcast(whole, root)
+    sendbuf = MPI.IN_PLACE if call.inplace else mine
+    if len(set(counts)) == 1:
+        return lambda comm: comm.Iallgather(sendbuf, whole)
+    if isinstance(whole, list):
+        recvbuf = [whole[0], [c * target.dtype.itemsize for c in counts], None, MPI.BYTE]
+    else:
+        recvbuf = [whole, counts, None, dtlib.from_numpy_dtype(target.dtype)]
+    return lambda comm: comm.Iallgatherv(sendbuf, recvbuf)
+
+
+def _typed(array):
+    """`array` as MPI takes it: itself where every MPI has its dtype, else its bytes."""
+    return array if array.dtype.isnative and array.dtype.char in "?bBhHiIlLqQfdFD" else [array.view(np.uint8), MPI.BYTE]

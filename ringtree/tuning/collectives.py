@@ -11,23 +11,15 @@ rules rest on.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from ..algorithms import REGISTRY
 from .online import NATIVE
-from .selector import packaged_table, table
+from .selector import Choice, packaged_table, table
 
-__all__ = ["NATIVE", "CollectiveChoice", "choose", "rules_for"]
-
-
-class CollectiveChoice(NamedTuple):
-    algorithm: str  # a generator's name, or NATIVE
-    segment: int  # bytes per segment; 0: messages are not split
-    source: str  # why: "call", or the table and rule
+__all__ = ["NATIVE", "choose", "rules_for"]
 
 
 def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None,
-           native: bool = True) -> CollectiveChoice:
+           native: bool = True) -> Choice:
     """The algorithm and segment size for `collective` of `nbytes` on `nranks` ranks; `native`: whether
     MPI's own can run it."""
     source = "call"
@@ -41,10 +33,10 @@ def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", s
         if segment is None:
             segment = rule["segment"] or nbytes
     if algorithm == NATIVE:
-        return CollectiveChoice(NATIVE, 0, source)
+        return Choice(NATIVE, 0, True, source)
     if segment is None:
         segment = REGISTRY[collective][algorithm].segment  # where the call names one without a segment
-    return CollectiveChoice(algorithm, segment if nbytes > segment else 0, source)
+    return Choice(algorithm, segment if nbytes > segment else 0, True, source)
 
 
 def rules_for(collective: str, nranks: int, native: bool = True) -> tuple[str, list[dict]]:

@@ -256,11 +256,13 @@ def runs_stepwise(algorithm: str, nbytes: int, segment: int) -> bool:
 _logged: set = set()
 
 
-def log_choice(choice: Choice, nbytes: int, nranks: int, dtype, op) -> None:
-    """With RINGTREE_DEBUG=1, log each distinct choice once, as NCCL_DEBUG=INFO does."""
-    key = (choice, nbytes, nranks, str(dtype), str(op))
+def log_choice(collective: str, choice: Choice, nbytes: int, nranks: int, dtype, op) -> None:
+    """With RINGTREE_DEBUG=1, log each distinct choice once, as NCCL_DEBUG=INFO does (an allreduce's with
+    its op)."""
+    key = (collective, choice, nbytes, nranks, str(dtype), str(op))
     if key in _logged:
         return
     _logged.add(key)
-    log.info("allreduce %d B %s %s on %d ranks: %s, segment %s, from %s", nbytes, dtype, op, nranks,
-             choice.algorithm, f"{choice.segment} B" if choice.segment else "none", choice.source)
+    log.info("%s %d B %s%s on %d ranks: %s, segment %s, from %s", collective, nbytes, dtype,
+             f" {op}" if collective == "allreduce" else "", nranks, choice.algorithm,
+             f"{choice.segment} B" if choice.segment else "none", choice.source)

@@ -1,0 +1,388 @@
+"""The one path of every collective (allreduce, reduce_scatter, allgather, broadcast, reduce): a call is
+checked into a Prepared (collective_args.py), finds or builds its plan (kept per call shape in its
+communicator's state) and runs, blocking or started. The public functions, blocking, nonblocking and
+persistent, are each a line over `run`.
+
+A call repeated on the same arguments finds what it shares with the calls before it (REPEATS, by
+their ids) after only the checks that its arrays can fail in place; an allreduce of new arrays of a
+shape seen before finds its plan (again.repeat_of); a blocking allreduce repeated on the same small
+arrays runs bound to them (again.AGAIN, which allreduce looks up before any of this). docs/design.md,
+"The call path".
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from . import settings
+from .buffers import converted_call, is_plain_call
+from .checks import check_comm, check_options, checked_timeout
+from .collective_args import Prepared, prepared
+from .ops import ReduceOp, known_op
+from .request import Request
+from .runtime import agreement
+from .runtime.again import (
+    AGAIN,
+    AGAIN_MAX,
+    REPEATS,
+    REPEATS_MAX,
+    forget_bound,
+    keep_again,
+    repeat_key,
+    repeat_of,
+    steps_runner,
+)
+from .runtime.backend import NumpyBackend
+from .runtime.in_flight import IN_FLIGHT
+from .runtime.mismatch import Signature, signature
+from .runtime.native import (
+    ROOTS_SHOWN_MAX,
+    NativeInFlight,
+    NativePlan,
+    broadcast_showing_roots,
+    native_runner,
+    native_start,
+    reduces,
+    run_native,
+    run_started,
+    start_native,
+)
+from .runtime.one_caller import in_call
+from .runtime.plan import Plan, build_plan
+from .runtime.refusal import refusing
+from .runtime.small import confirm_end
+from .runtime.stalls import watched
+from .runtime.state import comm_state
+from .runtime.stepwise import bound_steps, may_step
+from .runtime.threads import THREADED, note_thread
+from .runtime.transports import transport_for
+from .runtime.trials import tuned_plan
+from .tuning.collectives import NATIVE, choose
+from .tuning.online import Tuner
+from .tuning.selector import log_choice, select, table
+
+__all__ = ["run"]
+
+NDARRAY = np.ndarray
+ROOTED = ("broadcast", "reduce")
+
+
+def run(name: str, blocking: bool, comm, algorithm, segment, check, timeout, *buffers):
+    """A call of collective `name` on `buffers` (its arguments, as the public function takes them):
+    its result where `blocking`, else its Request."""
+    confirm = None if not blocking else confirm_end if timeout is None else partial(confirm_end, timeout=timeout)
+    return in_call(comm, _called, name, blocking, comm, algorithm, segment, check, timeout, buffers, True,
+                   confirm=confirm)
+
+
+class _Repeat(NamedTuple):
+    """What a call shares with the calls after it on the same arguments: looked up, not rebuilt."""
+
+    arguments: tuple  # the caller's communicator and buffers, held so that their ids in the key stay theirs
+    arrays: tuple  # (array, dtype, written?) of the caller's numpy arrays: what may change in them in place
+    call: Prepared
+    state: object
+    signature: Signature
+    plan: object
+    native: object  # start(comm): MPI's own nonblocking collective of the call, where it is not allreduce's
+    run: object  # a function of none running the call blocking: MPI's own allreduce; else None
+    steps: object  # for a plan the stepwise path may run: a function of none running it on the call's arrays
+    what: object  # the call as a stall warning names it
+    timeout: float | None
+    comparison: tuple | None  # (record, call, what) for agreement.agree, where the ranks compare the call first
+    after: object  # None, or what to do once the call is done (Prepared.after, or a native call's own)
+    trial: object  # the online tuning trial the call is (never kept), or None
+
+
+def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, kept):
+    """run's call, in the thread rules; `kept`: whether the buffers are the caller's own (not arrays
+    made for this call, which the call's repeats must not hold, and which are plain arrays already)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if name == "allreduce":
+        sendbuf, recvbuf, op = buffers
+        if kept and (not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None)):
+            return _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
+        if recvbuf is None and type(sendbuf) is NDARRAY:
+            # A new result array, so that a call shape seen before finds its plan (repeat_of) whatever the
+            # arrays; not kept bound: the next call brings other arrays.
+            recvbuf, kept = np.empty_like(sendbuf), False
+            buffers = (sendbuf, recvbuf, op)
+        hit = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking)
+        if hit is not None:
+            return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
+    key = _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) if kept else None
+    repeat = REPEATS.get(key) if key is not None else None
+    if repeat is not None:
+        for array, dtype, written in repeat.arrays:  # a loop: a generator's set-up costs more than the few arrays
+            if array.dtype is not dtype or (written and not array.flags.writeable):
+                repeat = None
+                break
+    if repeat is None:
+        repeat = _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept)
+        if type(repeat) is _Done:
+            return repeat.result
+    else:
+        if repeat.state.broken is not None:
+            repeat.state.check_usable()
+        if repeat.comparison is not None:
+            _agree(repeat)
+    return _run(repeat, blocking) if repeat.call.context is None else _ran(repeat, blocking)
+
+
+def _ran(repeat: _Repeat, blocking: bool):
+    """_run in the call's context (a CUDA tensor's: torch's current stream)."""
+    with repeat.call.context:
+        return _run(repeat, blocking)
+
+
+def _run(repeat: _Repeat, blocking: bool):
+    """The call run: blocking, its result; else its Request."""
+    call, state, trial = repeat.call, repeat.state, repeat.trial
+    if blocking and (repeat.native is not None or repeat.run is not None
+                     or (repeat.steps is not None and may_step(state, None))):
+        # MPI's own, or a step at a time: waited for here, with no Request to make
+        started = time.perf_counter() if trial is not None else 0.0
+        if repeat.native is not None:
+            run_started(repeat.plan, state, repeat.native, call.target, repeat.what)
+        else:
+            watched(repeat.run or repeat.steps, repeat.what)
+        if trial is not None:
+            Tuner.record(trial, time.perf_counter() - started)
+        if repeat.after is not None:
+            repeat.after()
+        return call.result
+    request = _start(repeat)
+    return request.wait() if blocking else request
+
+
+def _start(repeat: _Repeat) -> Request:
+    plan, call, state, trial = repeat.plan, repeat.call, repeat.state, repeat.trial
+    if type(plan) is NativePlan:
+        if trial is not None:  # allreduce's
+            native = start_native(plan, state, call.source, call.target, call.inplace, trial, repeat.what)
+        else:
+            native = NativeInFlight(plan, state, call.source, call.target, call.inplace, None, repeat.what,
+                                    repeat.native)
+        return Request(native, call.result, repeat.after)
+    if trial is None:
+        execution = plan.start(state, call.source, call.target, call.inplace, repeat.timeout)
+    else:
+        started = time.perf_counter()
+        execution = plan.start(state, call.source, call.target, call.inplace, repeat.timeout,
+                               lambda: Tuner.record(trial, time.perf_counter() - started))
+        Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
+    return Request(execution, call.result, repeat.after)
+
+
+def _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
+    """The key of a call whose arrays are numpy's own and whose other arguments are plain values;
+    None for any other (tensors, buffer specifications)."""
+    parts = [name, id(comm), algorithm, segment, check, timeout]
+    for value in buffers:
+        kind = type(value)
+        if kind in _BY_ID:
+            parts.append(id(value))
+        elif kind in _BY_VALUE:
+            parts.append(value)
+        elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
+            parts.append(tuple(value))
+        else:
+            return None
+    return tuple(parts)
+
+
+# The arguments a repeat's key holds by identity (held by the repeat, so that their ids stay theirs),
+# and those it holds by value.
+_BY_ID = frozenset((np.ndarray, MPI.Op, ReduceOp, type(MPI.IN_PLACE)))
+_BY_VALUE = frozenset((int, str, type(None)))
+
+
+def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op):
+    """An allreduce of buffers that are not plain arrays (buffers.converted_call), or that only MPI's own
+    allreduce can reduce: their arrays' calls are not kept bound to them."""
+    def plain(send, recv, op, comm):
+        return _called("allreduce", blocking, comm, algorithm, segment, check, timeout, (send, recv, op), False)
+
+    return converted_call(plain if blocking else None, None if blocking else plain, sendbuf, recvbuf, op, comm)
+
+
+def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
+    """An allreduce of a shape seen before (again.repeat_of's `hit`), run."""
+    plan, state, steps, source, target, inplace = hit
+    recvbuf, what = buffers[1], plan.what
+    if not blocking:
+        if type(plan) is NativePlan:
+            return Request(NativeInFlight(plan, state, source, target, inplace, None, what), recvbuf)
+        return Request(plan.start(state, source, target, inplace, None), recvbuf)
+    run = _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm, comm) if kept else None
+    if run is None:
+        run = (partial(run_native, plan, state, source, target, inplace) if type(plan) is NativePlan else
+               steps_runner(plan, state, bound_steps(steps, [source, target, *plan.stepwise_scratch], state.remote),
+                            target))
+    watched(run, what)
+    return recvbuf
+
+
+def _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm, comm):
+    """A blocking allreduce's run bound to the caller's small arrays, kept in AGAIN for its repeats on
+    them; None where they are not such arrays."""
+    sendbuf, recvbuf, op = buffers
+    if not (type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX and (inplace or type(sendbuf) is NDARRAY)
+            and (state.signatures or not THREADED[1])):
+        return None
+    native = type(plan) is NativePlan
+    run = (native_runner(plan, state, source, target, inplace) if native else
+           steps_runner(plan, state, bound_steps(steps, [source, target, *plan.stepwise_scratch], state.remote), target))
+    return keep_again(sendbuf, recvbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, plan.what).run
+
+
+class _Done(NamedTuple):
+    """A call that _first ran to its end (a small allreduce of device memory through host memory)."""
+
+    result: object
+
+
+def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept):
+    """A call past the repeat paths: its arguments checked, its plan found or made; kept for its repeats
+    under `key` (unless None, or the call makes a new result) and, an allreduce, by its shape."""
+    call, state, current, timeout = _checked(name, comm, algorithm, segment, check, timeout, buffers)
+    dtype, backend, reduce_op = call.source.dtype, call.backend, call.reduce_op  # the target's dtype too
+    nbytes = call.count * dtype.itemsize
+    if (name == "allreduce" and backend.staged and nbytes <= current.gpu_host_max
+            and transport_for(state, backend) is None):
+        return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
+    op = reduce_op.value if reduce_op is not None else None
+    # MPI's own is a candidate for untimed calls only: a wait inside it does not keep a timeout.
+    native_ok = timeout is None and backend is NumpyBackend and (reduce_op is None or reduces(dtype, reduce_op))
+    compared = current.check if check is None else check
+    choice = None if name == "allreduce" else choose(name, nbytes, state.size, algorithm, segment, native_ok)
+    collective = call.collective
+    # Ranks that differ on the root may each send and none receive: a wrong result that no message
+    # shows. So a rooted call compares its arguments first unless the caller says check=False, or
+    # runs where every rank sees every rank's root (a small broadcast of MPI's own).
+    showing_roots = (name == "broadcast" and check is None and not compared and choice.algorithm == NATIVE
+                     and nbytes <= ROOTS_SHOWN_MAX)
+    if showing_roots:
+        collective = collective._replace(root=None)  # one plan for every root, which the call checks
+    root = collective.root if name in ROOTED else None
+    sign = signature(call.count, dtype, op, algorithm, segment, name, root, collective.counts or None)
+    comparison = None
+    if compared or (sign.root is not None and check is None):
+        described = name + (f" root {sign.root}" if sign.root is not None else "") + (
+            f" blocks {list(sign.blocks)}" if sign.blocks else "")
+        fields = (call.count, dtype, f"{op}", algorithm, described)
+        comparison = (agreement.call_record(*fields), fields, agreement.agreement_described(state, fields))
+    what = f"{name} on rank {state.rank} of {state.name} ({sign.described()})"
+    repeat = _Repeat((comm, *buffers), (), call, state, sign, None, None, None, None, what, timeout, comparison,
+                     call.after, None)
+    if comparison is not None:
+        _agree(repeat)  # before the plan: making a native one is a collective; online tuning steps on agreed calls
+    plan, trial = _plan(state, call, collective, choice, sign, algorithm, segment, current, native_ok, timeout)
+    native = run = steps = None
+    after = call.after
+    if showing_roots:
+        native, after = broadcast_showing_roots(state, call.target, call.collective.root)
+    elif type(plan) is NativePlan:
+        if name == "allreduce":
+            run = partial(run_native, plan, state, call.source, call.target, call.inplace)
+        else:
+            native = native_start(call, plan.op)
+    compiled_steps = None
+    if type(plan) is Plan and plan.bound is not None and timeout is None:  # stepwise waits keep none
+        compiled_steps = plan.in_place_steps if call.inplace else plan.steps
+        if compiled_steps is not None:
+            steps = steps_runner(plan, state, bound_steps(compiled_steps, [call.source, call.target,
+                                                                           *plan.stepwise_scratch], state.remote),
+                                 call.target)
+    if name == "allreduce":
+        what = plan.what
+        if trial is None and check is None and segment is None and timeout is None and not current.check:
+            # its plan for calls of its shape on other arrays (repeat_of)
+            if run is not None or (steps is not None and blocking):
+                state.repeats[repeat_key(buffers[2], algorithm, call.target, call.inplace)] = plan
+            if (blocking and kept and call.result is buffers[1]
+                    and (run is not None or (steps is not None and may_step(state, None)))):
+                bound = _kept_again(plan, state, compiled_steps, call.source, call.target, call.inplace, buffers,
+                                    algorithm, comm)
+                if bound is not None:
+                    run, steps = (bound, None) if run is not None else (None, bound)
+    arrays = tuple((value, value.dtype, value is call.result) for value in buffers if type(value) is NDARRAY)
+    repeat = repeat._replace(arrays=arrays, plan=plan, native=native, run=run, steps=steps, what=what, after=after,
+                             trial=trial)
+    if key is not None and trial is None and (call.result is None or any(written for *_, written in arrays)):
+        if len(REPEATS) >= REPEATS_MAX:
+            REPEATS.clear()
+        REPEATS[key] = repeat
+    return repeat
+
+
+def _checked(name, comm, algorithm, segment, check, timeout, buffers):
+    """(Prepared, the communicator's state, the settings, the timeout) of a call, its arguments checked."""
+    with refusing(comm):
+        check_comm(comm, name)
+        check_options(name, comm, algorithm, segment, check)
+        call = prepared(name, comm, *buffers)
+        if note_thread(comm) and AGAIN:
+            forget_bound()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
+        try:
+            current = settings.current()
+        except settings.SettingError as error:
+            comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
+            raise settings.SettingError(f"ringtree {name} on rank {comm.Get_rank()}: {error}") from None
+        timeout = checked_timeout(timeout, comm, current.timeout, name)
+        state = comm_state(comm, timeout)
+    state.check_usable()
+    return call, state, current, timeout
+
+
+def _plan(state, call, collective, choice, sign, algorithm, segment, current, native_ok, timeout):
+    """(plan, online tuning trial or None) of a call: online tuning's choice for an "auto" allreduce
+    that no table rules, else the plan of its shape, built on the first call of it."""
+    backend, dtype, reduce_op = call.backend, call.source.dtype, call.reduce_op
+    nbytes, op = call.count * dtype.itemsize, sign.op
+
+    def build(choice, plan_key):
+        log_choice(collective.name, choice, nbytes, state.size, dtype, op)
+        plan = state.plans[plan_key] = build_plan(state, backend, choice, collective, call.count, dtype, reduce_op,
+                                                  sign, segment, choice.stepwise)
+        return plan
+
+    if (collective.name == "allreduce" and algorithm == "auto" and segment is None and state.tuner is not None
+            and current.algorithm is None
+            and not (current.tuning_file and table().match(nbytes, state.size, dtype.name, op, state.topology))):
+        plan, trial = tuned_plan(state, call, native_ok, timeout, build)
+        if plan is not None:
+            return plan, trial
+    plan_key = (collective, backend, algorithm, call.count, dtype, reduce_op, segment, native_ok)
+    plan = state.plans.get(plan_key)
+    if plan is None:
+        if choice is None:
+            choice = select(nbytes, state.size, dtype.name, op, algorithm, segment, state.topology, native_ok)
+        plan = build(choice, plan_key)
+    return plan, None
+
+
+def _agree(repeat: _Repeat) -> None:
+    """The call's comparison (check mode, a rooted call): MismatchError on every rank unless every rank
+    makes it with the same arguments."""
+    record, described, what = repeat.comparison
+    agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1], what)
+
+
+def _through_host(call: Prepared, blocking, comm, algorithm, segment, check, timeout, op):
+    """A small staged allreduce of device memory: the input copied to pinned host memory, allreduced
+    there as a numpy call would be (the same messages as the per-message staging), and the copy of the
+    result into the target queued on the stream current at the start. The result, or the Request."""
+    backend, target = call.backend, call.target
+    stream = backend.current_stream()
+    host = backend.to_host(call.source)
+    ran = _called("allreduce", blocking, comm, algorithm, segment, check, timeout, (MPI.IN_PLACE, host, op), False)
+    if blocking:
+        backend.to_device(host, target, stream)
+        return call.result
+    return Request(ran._execution, call.result, lambda: backend.to_device(host, target, stream))
