@@ -43,7 +43,6 @@ from .runtime.mismatch import Signature, signature
 from .runtime.native import (
     ROOTS_SHOWN_MAX,
     NativeInFlight,
-    NativePlan,
     broadcast_showing_roots,
     native_runner,
     native_start,
@@ -53,7 +52,7 @@ from .runtime.native import (
     start_native,
 )
 from .runtime.one_caller import in_call
-from .runtime.plan import Plan, build_plan
+from .runtime.plan import build_plan
 from .runtime.refusal import refusing
 from .runtime.small import confirm_end
 from .runtime.stalls import watched
@@ -148,7 +147,7 @@ def _run(repeat: _Repeat, blocking: bool):
         # MPI's own, or a step at a time: waited for here, with no Request to make
         started = time.perf_counter() if trial is not None else 0.0
         if repeat.native is not None:
-            run_started(repeat.plan, state, repeat.native, call.target, repeat.what)
+            run_started(repeat.plan.native, state, repeat.native, call.target, repeat.what)
         else:
             watched(repeat.run or repeat.steps, repeat.what)
         if trial is not None:
@@ -162,11 +161,11 @@ def _run(repeat: _Repeat, blocking: bool):
 
 def _start(repeat: _Repeat) -> Request:
     plan, call, state, trial = repeat.plan, repeat.call, repeat.state, repeat.trial
-    if type(plan) is NativePlan:
+    if plan.native is not None:
         if trial is not None:  # allreduce's
-            native = start_native(plan, state, call.source, call.target, call.inplace, trial, repeat.what)
+            native = start_native(plan.native, state, call.source, call.target, call.inplace, trial, repeat.what)
         else:
-            native = NativeInFlight(plan, state, call.source, call.target, call.inplace, None, repeat.what,
+            native = NativeInFlight(plan.native, state, call.source, call.target, call.inplace, None, repeat.what,
                                     repeat.native)
         return Request(native, call.result, repeat.after)
     if trial is None:
@@ -216,12 +215,12 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     plan, state, steps, source, target, inplace = hit
     recvbuf, what = buffers[1], plan.what
     if not blocking:
-        if type(plan) is NativePlan:
-            return Request(NativeInFlight(plan, state, source, target, inplace, None, what), recvbuf)
+        if plan.native is not None:
+            return Request(NativeInFlight(plan.native, state, source, target, inplace, None, what), recvbuf)
         return Request(plan.start(state, source, target, inplace, None), recvbuf)
     run = _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm, comm) if kept else None
     if run is None:
-        run = (partial(run_native, plan, state, source, target, inplace) if type(plan) is NativePlan else
+        run = (partial(run_native, plan.native, state, source, target, inplace) if plan.native is not None else
                steps_runner(plan, state, bound_steps(steps, [source, target, *plan.stepwise_scratch], state.remote),
                             target))
     watched(run, what)
@@ -235,8 +234,8 @@ def _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm,
     if not (type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX and (inplace or type(sendbuf) is NDARRAY)
             and (state.signatures or not THREADED[1])):
         return None
-    native = type(plan) is NativePlan
-    run = (native_runner(plan, state, source, target, inplace) if native else
+    native = plan.native is not None
+    run = (native_runner(plan.native, state, source, target, inplace) if native else
            steps_runner(plan, state, bound_steps(steps, [source, target, *plan.stepwise_scratch], state.remote), target))
     return keep_again(sendbuf, recvbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, plan.what).run
 
@@ -287,13 +286,13 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     after = call.after
     if showing_roots:
         native, after = broadcast_showing_roots(state, call.target, call.collective.root)
-    elif type(plan) is NativePlan:
+    elif plan.native is not None:
         if name == "allreduce":
-            run = partial(run_native, plan, state, call.source, call.target, call.inplace)
+            run = partial(run_native, plan.native, state, call.source, call.target, call.inplace)
         else:
-            native = native_start(call, plan.op)
+            native = native_start(call, plan.native.op)
     compiled_steps = None
-    if type(plan) is Plan and plan.bound is not None and timeout is None:  # stepwise waits keep none
+    if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:
             steps = steps_runner(plan, state, bound_steps(compiled_steps, [call.source, call.target,

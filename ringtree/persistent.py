@@ -15,7 +15,7 @@ from .ops import known_op, named_defaults
 from .request import empty_status
 from .runtime.again import repeat_key
 from .runtime.backend import NoDevice
-from .runtime.native import BoundNative, NativePlan, native_plan
+from .runtime.native import BoundNative, native_plan
 from .runtime.one_caller import in_call
 from .runtime.refusal import refusing
 from .runtime.state import existing_state
@@ -69,10 +69,11 @@ def _bound_native(source, target, inplace, op, reduce_op, comm, algorithm) -> Bo
     if state is None or state.broken is not None or settings.current().check:
         return None
     shared = state.repeats.get(repeat_key(op, algorithm, target, inplace))
-    if type(shared) is not NativePlan:
+    if shared is None or shared.native is None:
         return None
-    plan = native_plan(reduce_op, shared.divide, state, target.size, target.dtype, shared.signature, persistent=False)
-    return BoundNative(plan, state, source, target, inplace, shared.what)
+    own = native_plan(reduce_op, shared.native.divide, state, target.size, target.dtype, shared.signature,
+                      persistent=False)
+    return BoundNative(own, state, source, target, inplace, shared.what)
 
 
 class PersistentRequest:

@@ -9,6 +9,7 @@ Cases, float64 (the ratio is ringtree's time over MPI's, in the same run):
   iallreduce       iallreduce(a, b).wait() against Iallreduce(a, b).Wait()
   persistent       allreduce_init's Start(); Wait() against MPI's Allreduce_init
   broadcast        broadcast(a, root=0) against Bcast(a, 0)
+  reduce_scatter   reduce_scatter(s, a) against Reduce_scatter_block(s, a): n elements to each rank
 Every call is warmed up (past online tuning's trials) before timing; timing is bench's: turns in
 shuffled order, medians of the slowest rank.
 """
@@ -37,6 +38,7 @@ def cases(comm, count: int, requests: list) -> dict:
     """name -> (ringtree's call, MPI's call): functions of none; the persistent requests made for
     them go into `requests`, for the caller to free."""
     a, b = np.ones(count), np.empty(count)
+    every = np.ones(count * comm.Get_size())  # a reduce-scatter's input: a block for each rank
     pairs = [(np.ones(count), np.empty(count)), (np.ones(count), np.empty(count))]
     turn = [0]
     ops = [(MPI.SUM, MPI.SUM), (MPI.MAX, MPI.MAX)]
@@ -65,6 +67,8 @@ def cases(comm, count: int, requests: list) -> dict:
         "iallreduce": (lambda: ringtree.iallreduce(a, b, comm=comm).wait(), lambda: comm.Iallreduce(a, b).Wait()),
         "persistent": (persistent(ours), persistent(theirs)),
         "broadcast": (lambda: ringtree.broadcast(a, root=0, comm=comm), lambda: comm.Bcast(a, 0)),
+        "reduce_scatter": (lambda: ringtree.reduce_scatter(every, b, comm=comm),
+                           lambda: comm.Reduce_scatter_block(every, b)),
     }
 
 

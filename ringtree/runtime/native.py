@@ -1,4 +1,5 @@
-"""The MPI library's own Allreduce, as one of `auto`'s candidates."""
+"""The MPI library's own collectives, as candidates of `auto` like ringtree's algorithms: what a plan of
+one holds (MPICollective, made by native_plan), and its calls."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .in_flight import progress_others
 from .mismatch import Signature, Watch, differing, everywhere
 from .stalls import watched
 
-__all__ = ["NativePlan", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started",
+__all__ = ["MPICollective", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started",
            "native_runner", "native_start", "start_native", "free_plan", "MPIOwn", "ROOTS_SHOWN_MAX",
            "broadcast_showing_roots"]
 
@@ -37,7 +38,9 @@ PERSISTENT_MAX = 16384
 ROOTS_SHOWN_MAX = 8192
 
 
-class NativePlan(NamedTuple):
+class MPICollective(NamedTuple):
+    """What a plan of MPI's own collective (plan.Plan's `native`) holds of it."""
+
     op: MPI.Op
     average: bool
     divide: object  # for avg: the backend's division by the number of ranks
@@ -45,10 +48,6 @@ class NativePlan(NamedTuple):
     signature: Signature
     buffer: np.ndarray | None  # the persistent request's, in place; None: Iallreduce on the caller's arrays
     request: MPI.Prequest | None
-    what: object = None  # the call as a stall warning names it (stalls.Call), made once by plan.build_plan
-    steps = None  # as a Plan without a stepwise path: allreduce's repeat path takes neither
-    in_place_steps = None
-    peers = ()  # whom it waits for is MPI's business
 
 
 def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
@@ -64,8 +63,8 @@ def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
 
 
 def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype, signature: Signature,
-                persistent: bool = True) -> NativePlan:
-    """The plan of native calls of `count` elements on `state`'s communicator (of allreduce, or with
+                persistent: bool = True) -> MPICollective:
+    """What a plan of MPI's own calls of `count` elements on `state`'s communicator holds (of allreduce, or with
     `persistent` False, of any collective: `op` None for one that reduces nothing). Collective: every
     rank builds it at the same call, after the ranks agree on its signature (MPI matches the
     collectives that make it whatever the calls they belong to)."""
@@ -85,58 +84,58 @@ def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype,
             request = comm.Allreduce_init(MPI.IN_PLACE, buffer, MPI_OP[op])
         except NotImplementedError:  # an MPI before persistent collectives: the same on every rank
             buffer = None
-    return NativePlan(None if op is None else MPI_OP[op], op is ReduceOp.AVG, divide, comm, signature, buffer, request)
+    return MPICollective(None if op is None else MPI_OP[op], op is ReduceOp.AVG, divide, comm, signature, buffer, request)
 
 
-def free_plan(plan: NativePlan) -> None:
+def free_plan(own: MPICollective) -> None:
     """Free the plan's persistent request and communicator, before the user's communicator is freed
     (never after a mismatch: CommState.free keeps a broken state's communicators)."""
-    if plan.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
-        plan.request.Free()
-    plan.comm.Free()
+    if own.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
+        own.request.Free()
+    own.comm.Free()
 
 
-def run_native(plan: NativePlan, state, source, target, in_place: bool) -> None:
+def run_native(own: MPICollective, state, source, target, in_place: bool) -> None:
     """MPI's allreduce, nonblocking, waited for while ringtree's collectives in flight progress: a
     rank blocked in MPI would leave the ranks that wait on those waiting. Nonblocking (persistent or
     Iallreduce, by size alone) on every rank, with or without collectives in flight, as MPI matches a
     nonblocking collective only with nonblocking ones."""
-    buffer = plan.buffer
+    buffer = own.buffer
     if buffer is None:
-        request = plan.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
+        request = own.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, own.op)
     else:
         buffer[...] = source
-        request = plan.request
+        request = own.request
         request.Start()
     seq = state.calls  # counted as every call is: a message of the next call must not look like one of this
     state.calls = seq + 1
-    _wait(request, state, seq, plan.signature, (source, target))
+    _wait(request, state, seq, own.signature, (source, target))
     if buffer is not None:
         target[...] = buffer
-    if plan.average:
-        plan.divide(target, state.size)
+    if own.average:
+        own.divide(target, state.size)
 
 
-def run_started(plan: NativePlan, state, start, target, what) -> None:
+def run_started(own: MPICollective, state, start, target, what) -> None:
     """MPI's own collective that `start(comm)` starts, nonblocking, on the plan's communicator, waited
     for as run_native waits (the other collectives' native calls)."""
-    request = start(plan.comm)
+    request = start(own.comm)
     seq = state.calls  # counted as every call is (run_native)
     state.calls = seq + 1
     if not request.Test():
-        watched(partial(_wait, request, state, seq, plan.signature, (target,)), what)
-    if plan.average:
-        plan.divide(target, state.size)
+        watched(partial(_wait, request, state, seq, own.signature, (target,)), what)
+    if own.average:
+        own.divide(target, state.size)
 
 
-def native_runner(plan: NativePlan, state, source, target, in_place: bool):
+def native_runner(own: MPICollective, state, source, target, in_place: bool):
     """`run_native` of these arguments as a function of none, for a call repeated on the same arrays:
     through a persistent request, its copies go between memoryviews made once (half a numpy
     assignment's time at 8 B)."""
-    if plan.buffer is None or plan.average:
-        return partial(run_native, plan, state, source, target, in_place)
-    request, buffer, source, target = plan.request, _bytes(plan.buffer), _bytes(source), _bytes(target)
-    signature, test = plan.signature, request.Test
+    if own.buffer is None or own.average:
+        return partial(run_native, own, state, source, target, in_place)
+    request, buffer, source, target = own.request, _bytes(own.buffer), _bytes(source), _bytes(target)
+    signature, test = own.signature, request.Test
 
     def run() -> None:
         buffer[:] = source
@@ -154,17 +153,17 @@ class NativeInFlight:
     persistent request may be busy with another call): what a Request tests and waits on. Its waits
     progress ringtree's collectives in flight and look for a mismatch, as a blocking call's do."""
 
-    __slots__ = ("plan", "state", "comm", "request", "seq", "source", "target", "then", "what", "done")
+    __slots__ = ("own", "state", "comm", "request", "seq", "source", "target", "then", "what", "done")
 
-    def __init__(self, plan: NativePlan, state, source, target, in_place: bool, then, what, start=None) -> None:
+    def __init__(self, own: MPICollective, state, source, target, in_place: bool, then, what, start=None) -> None:
         """`then()`, if given, runs once it is done; `what`: the call as a stall warning describes it. `start(comm)`,
         if given, starts another collective than allreduce on the plan's communicator."""
-        self.plan, self.state, self.comm, self.source, self.target = plan, state, state.comm, source, target
+        self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
         self.then, self.what, self.done = then, what, False
         if start is None:
-            self.request = plan.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, plan.op)
+            self.request = own.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, own.op)
         else:
-            self.request = start(plan.comm)
+            self.request = start(own.comm)
         self.seq = state.calls  # counted as every call is (run_native)
         state.calls = self.seq + 1
 
@@ -179,14 +178,14 @@ class NativeInFlight:
         if self.done:
             return
         if not self.request.Test():
-            watched(partial(_wait, self.request, self.state, self.seq, self.plan.signature,
+            watched(partial(_wait, self.request, self.state, self.seq, self.own.signature,
                             (self.source, self.target)), self.what)
         self._complete()
 
     def _complete(self) -> None:
         self.done = True
-        if self.plan.average:
-            self.plan.divide(self.target, self.state.size)
+        if self.own.average:
+            self.own.divide(self.target, self.state.size)
         if self.then is not None:
             self.then()
 
@@ -198,10 +197,10 @@ class BoundNative(NativeInFlight):
 
     __slots__ = ()
 
-    def __init__(self, plan: NativePlan, state, source, target, in_place: bool, what) -> None:
-        self.plan, self.state, self.comm, self.source, self.target = plan, state, state.comm, source, target
+    def __init__(self, own: MPICollective, state, source, target, in_place: bool, what) -> None:
+        self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
         self.then, self.what, self.done, self.seq = None, what, True, 0  # inactive until started
-        self.request = plan.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, plan.op)
+        self.request = own.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, own.op)
 
     def start(self) -> None:
         state = self.state
@@ -216,20 +215,20 @@ class BoundNative(NativeInFlight):
         """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""
         self.request.Free()
         if self.state.broken is None:
-            self.plan.comm.Free()
+            self.own.comm.Free()
 
 
-def start_native(plan: NativePlan, state, source, target, in_place: bool, trial, what) -> NativeInFlight:
+def start_native(own: MPICollective, state, source, target, in_place: bool, trial, what) -> NativeInFlight:
     """iallreduce's call of MPI's own allreduce, started; a trial of online tuning (`trial`) records
     its time once it is done."""
     if trial is None:
-        return NativeInFlight(plan, state, source, target, in_place, None, what)
+        return NativeInFlight(own, state, source, target, in_place, None, what)
     started = time.perf_counter()
 
     def finish() -> None:
         Tuner.record(trial, time.perf_counter() - started)
 
-    native = NativeInFlight(plan, state, source, target, in_place, finish, what)
+    native = NativeInFlight(own, state, source, target, in_place, finish, what)
     Tuner.in_flight(trial, native.wait)
     return native
 

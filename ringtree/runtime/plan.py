@@ -1,5 +1,5 @@
-"""The plan of a call shape that runs on ringtree's own schedule: built on the first call of the shape,
-looked up after (MPI's own collective is the other kind of plan: native.NativePlan)."""
+"""The plan of a call shape, the one plan type of every collective: built on the first call of the
+shape, looked up after. It runs ringtree's own schedule, or MPI's own collective (its `native`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .compiled import CompiledSchedule, compiled
 from .engine import Execution
 from .in_flight import LOCK
 from .mismatch import Signature
-from .native import NativePlan, native_plan
+from .native import MPICollective, native_plan
 from .stalls import Call
 from .transports import routed
 
@@ -24,9 +24,10 @@ __all__ = ["Plan", "build_plan", "schedule_plan"]
 
 
 class Plan(NamedTuple):
-    """What every call of one shape shares."""
+    """What every call of one shape shares. Of MPI's own collective (`native`), the fields of a schedule
+    are None or empty."""
 
-    compiled: CompiledSchedule
+    compiled: CompiledSchedule | None
     steps: tuple | None  # the compiled steps, where the stepwise path may run them
     in_place_steps: tuple | None
     backend: object
@@ -40,6 +41,7 @@ class Plan(NamedTuple):
     signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
     transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
     what: object = None  # the call as a stall warning names it (stalls.Call), made once by build_plan
+    native: MPICollective | None = None  # MPI's own collective, where it runs the calls
 
     def new_scratch(self) -> list:
         return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
@@ -77,14 +79,15 @@ def schedule_plan(shape: Shape, backend, reduce_op: ReduceOp | None, dtype, sign
 
 
 def build_plan(state, backend, choice, collective: Collective, count: int, dtype, reduce_op: ReduceOp | None,
-               sign: Signature, segment: int | None, stepwise: bool = True) -> Plan | NativePlan:
+               sign: Signature, segment: int | None, stepwise: bool = True) -> Plan:
     """The plan of `choice` (an algorithm and a segment) for a new call shape of any collective: MPI's own,
     or the schedule's. `segment`: the caller's (None leaves IPC peers' messages unsplit); `stepwise`:
     whether a blocking call may run it a step at a time, where it is unsplit host memory."""
     if choice.algorithm == NATIVE:
         if state.make_room():
             forget_bound()  # the runs kept bound to arrays may hold the plan it freed
-        plan = native_plan(reduce_op, backend.divide, state, count, dtype, sign, persistent=collective is ALLREDUCE)
+        own = native_plan(reduce_op, backend.divide, state, count, dtype, sign, persistent=collective is ALLREDUCE)
+        plan = Plan(None, None, None, backend, None, None, own.average, dtype, [], [], (), sign, None, native=own)
     else:
         transport, ipc_peers, choice = routed(state, backend, choice, segment)
         elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0

@@ -25,7 +25,7 @@ from . import stalls, timeline
 from .backoff import wait_until
 from .in_flight import progress_others
 from .mismatch import TagLayout
-from .native import NativePlan, free_plan
+from .native import free_plan
 from .threads import THREADED, thread_token
 
 _keyval: int | None = None
@@ -61,7 +61,7 @@ class CommState:
                     f"RINGTREE_TRANSPORT={current.transport}")
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
-        self.plans: dict = {}  # per call shape: the Plan (or NativePlan) built on its first call
+        self.plans: dict = {}  # per call shape: the Plan built on its first call
         self.transports: dict = {}  # device layer -> its IpcTransport, or None (runtime/transports.py)
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
         # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's).
@@ -124,8 +124,8 @@ class CommState:
             NEVER_FREED.append(self)
             return
         for plan in self.plans.values():
-            if type(plan) is NativePlan:
-                free_plan(plan)
+            if plan.native is not None:
+                free_plan(plan.native)
         for transport in self.transports.values():
             if transport is not None:
                 transport.close()
@@ -141,13 +141,13 @@ class CommState:
         """Before a native plan is made: keep at most NATIVE_PLANS, each of which holds a communicator,
         freeing the oldest (plans are made at the same calls on every rank, so it is the same one).
         Says whether it freed one (whose request runs kept on the same arrays may hold)."""
-        natives = [key for key, plan in self.plans.items() if type(plan) is NativePlan]
+        natives = [key for key, plan in self.plans.items() if plan.native is not None]
         if len(natives) < NATIVE_PLANS:
             return False
         oldest = self.plans.pop(natives[0])
         for key in [key for key, plan in self.repeats.items() if plan is oldest]:
             del self.repeats[key]
-        free_plan(oldest)
+        free_plan(oldest.native)
         return True
 
     def next_tag(self, code: int) -> int:
