@@ -123,6 +123,47 @@ def test_every_algorithm_has_one_registry_entry_and_fits_the_signature():
     assert ALGORITHMS == GENERATORS["allreduce"]
 
 
+def _calls_in(name: str) -> dict[str, set[str]]:
+    """Per function of module `name` (by its own name, nested ones apart), the names it calls."""
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = {call.func.id if isinstance(call.func, ast.Name) else call.func.attr
+                                for call in ast.walk(node) if isinstance(call, ast.Call)
+                                and isinstance(call.func, (ast.Name, ast.Attribute))}
+    return found
+
+
+def test_every_collective_goes_one_call_path():
+    # Rule 6: each public collective (blocking, nonblocking, persistent) ends in call_path.run; only the
+    # path checks a call's buffers and builds its plan, and only plan.py makes a Plan.
+    from ringtree import collectives
+
+    publics = {"ringtree.allreduce": ["allreduce", "iallreduce"],
+               "ringtree.collectives": [name for name in collectives.__all__ if not name.endswith("_init")]}
+    for module, names in publics.items():
+        functions = {node.name: node for node in ast.parse(MODULES[module].read_text()).body
+                     if isinstance(node, ast.FunctionDef)}
+        for name in names:
+            last = functions[name].body[-1]
+            assert isinstance(last, ast.Return) and isinstance(last.value, ast.Call), name
+            assert getattr(last.value.func, "id", None) == "run", name
+    builders = {name for name in MODULES if any("build_plan" in calls for calls in _calls_in(name).values())}
+    assert builders == {"ringtree.call_path"}
+    makers = {name for name in MODULES if any("Plan" in calls for calls in _calls_in(name).values())}
+    assert makers == {"ringtree.runtime.plan"}
+    checkers = {name for name in MODULES if any("prepared" in calls for calls in _calls_in(name).values())}
+    assert checkers <= {"ringtree.call_path", "ringtree.collectives", "ringtree.persistent"}  # the last two: *_init
+
+
+def test_every_wait_backs_off_in_one_place():
+    # Rule 7: only the one back-off sleeps or yields the core; the progress thread and the stall
+    # watchdog, threads of their own that wait for nothing of a call's, nap on their own clocks.
+    sleepers = {name for name in MODULES if not name.startswith("ringtree.commands")
+                and any({"sleep", "sched_yield"} & calls for calls in _calls_in(name).values())}
+    assert sleepers == {"ringtree.runtime.backoff", "ringtree.runtime.progress", "ringtree.runtime.stalls"}
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_no_module_is_over_400_lines_and_no_function_over_80(name):
     source = MODULES[name].read_text()
