@@ -114,7 +114,7 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
         hit = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking)
         if hit is not None:
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
-    key = _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) if kept else None
+    key = _arguments_key(name, comm, algorithm, segment, check, timeout, buffers) if kept else None
     repeat = REPEATS.get(key) if key is not None else None
     if repeat is not None:
         for array, dtype, written in repeat.arrays:  # a loop: a generator's set-up costs more than the few arrays
@@ -178,7 +178,7 @@ def _start(repeat: _Repeat) -> Request:
     return Request(execution, call.result, repeat.after)
 
 
-def _repeat_key(name, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
+def _arguments_key(name, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
     """The key of a call whose arrays are numpy's own and whose other arguments are plain values;
     None for any other (tensors, buffer specifications)."""
     parts = [name, id(comm), algorithm, segment, check, timeout]
