@@ -21,8 +21,8 @@ from mpi4py import MPI
 
 from . import settings
 from .buffers import converted_call, is_plain_call
-from .checks import check_comm, check_options, checked_timeout
-from .collective_args import Prepared, prepared
+from .checks import checked_timeout
+from .collective_args import Prepared, checked_call
 from .ops import ReduceOp, known_op
 from .request import Request
 from .runtime import agreement
@@ -57,7 +57,7 @@ from .runtime.refusal import refusing
 from .runtime.small import confirm_end
 from .runtime.stalls import watched
 from .runtime.state import comm_state
-from .runtime.stepwise import bound_steps, may_step
+from .runtime.stepwise import may_step
 from .runtime.threads import THREADED, note_thread
 from .runtime.transports import transport_for
 from .runtime.trials import tuned_plan
@@ -221,8 +221,7 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     run = _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm, comm) if kept else None
     if run is None:
         run = (partial(run_native, plan.native, state, source, target, inplace) if plan.native is not None else
-               steps_runner(plan, state, bound_steps(steps, [source, target, *plan.stepwise_scratch], state.remote),
-                            target))
+               steps_runner(plan, state, steps, source, target))
     watched(run, what)
     return recvbuf
 
@@ -236,7 +235,7 @@ def _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm,
         return None
     native = plan.native is not None
     run = (native_runner(plan.native, state, source, target, inplace) if native else
-           steps_runner(plan, state, bound_steps(steps, [source, target, *plan.stepwise_scratch], state.remote), target))
+           steps_runner(plan, state, steps, source, target))
     return keep_again(sendbuf, recvbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, plan.what).run
 
 
@@ -295,9 +294,7 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:
-            steps = steps_runner(plan, state, bound_steps(compiled_steps, [call.source, call.target,
-                                                                           *plan.stepwise_scratch], state.remote),
-                                 call.target)
+            steps = steps_runner(plan, state, compiled_steps, call.source, call.target)
     if name == "allreduce":
         what = plan.what
         if trial is None and check is None and segment is None and timeout is None and not current.check:
@@ -323,9 +320,7 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
 def _checked(name, comm, algorithm, segment, check, timeout, buffers):
     """(Prepared, the communicator's state, the settings, the timeout) of a call, its arguments checked."""
     with refusing(comm):
-        check_comm(comm, name)
-        check_options(name, comm, algorithm, segment, check)
-        call = prepared(name, comm, *buffers)
+        call = checked_call(name, comm, algorithm, segment, check, *buffers)
         if note_thread(comm) and AGAIN:
             forget_bound()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
         try:

@@ -12,11 +12,12 @@ from mpi4py import MPI
 
 from . import tensors
 from .buffers import as_array
+from .checks import check_comm, check_options
 from .ops import ReduceOp, check_dtype, parse_op
 from .runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
 from .schedule.ir import ALLREDUCE, Collective, blocks
 
-__all__ = ["Prepared", "prepared"]
+__all__ = ["Prepared", "checked_call", "prepared"]
 
 
 class Prepared(NamedTuple):
@@ -32,6 +33,14 @@ class Prepared(NamedTuple):
     result: object  # what the call returns
     after: object  # None, or what to do once it is done (an in-place reduce-scatter's copy of its block)
     context: object  # None, or entered around the call: a CUDA tensor's is torch's current stream
+
+
+def checked_call(name: str, comm, algorithm, segment, check, *arguments) -> Prepared:
+    """A call of collective `name` checked whole: its communicator and options (checks.py), then its
+    buffers (prepared)."""
+    check_comm(comm, name)
+    check_options(name, comm, algorithm, segment, check)
+    return prepared(name, comm, *arguments)
 
 
 def prepared(name: str, comm, *arguments) -> Prepared:

@@ -14,8 +14,8 @@ from functools import partial
 from mpi4py import MPI
 
 from .call_path import run
-from .checks import check_comm, check_options, checked_timeout
-from .collective_args import prepared
+from .checks import checked_timeout
+from .collective_args import checked_call
 from .ops import named_defaults
 from .persistent import PersistentRequest
 from .request import Request
@@ -117,9 +117,7 @@ def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRe
     """The arguments checked once, here; every Start starts the nonblocking call of them."""
     comm = MPI.COMM_WORLD if comm is None else comm
     with refusing(comm):
-        check_comm(comm, name)
-        check_options(name, comm, algorithm, None, check)
-        call = prepared(name, comm, *buffers)
+        call = checked_call(name, comm, algorithm, None, check, *buffers)
         needs = name in ("reduce_scatter", "allgather") or (name == "reduce" and comm.Get_rank() == call.collective.root)
         if needs and buffers[1] is None:
             raise ValueError(f"ringtree {name}_init on rank {comm.Get_rank()}: a persistent {name} needs recvbuf: "

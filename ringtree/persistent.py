@@ -9,8 +9,8 @@ from mpi4py import MPI
 from . import settings
 from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
-from .checks import check_comm, check_options, checked_timeout
-from .collective_args import prepared
+from .checks import checked_timeout
+from .collective_args import checked_call
 from .ops import known_op, named_defaults
 from .request import empty_status
 from .runtime.again import repeat_key
@@ -44,9 +44,7 @@ def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
             call = call._replace(send=MPI.IN_PLACE if sendbuf is None else sendbuf, recv=recvbuf)
     except (TypeError, ValueError, NoDevice) as error:
         raise type(error)(f"ringtree allreduce_init on rank {comm.Get_rank()}: {error}") from None
-    check_comm(comm)
-    check_options("allreduce", comm, algorithm, None, check)
-    prepared_call = prepared("allreduce", comm, call.send, call.recv, op)
+    prepared_call = checked_call("allreduce", comm, algorithm, None, check, call.send, call.recv, op)
     checked_timeout(timeout, comm, None)
 
     def start():

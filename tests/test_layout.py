@@ -136,7 +136,7 @@ def _calls_in(name: str) -> dict[str, set[str]]:
 
 def test_every_collective_goes_one_call_path():
     # Rule 6: each public collective (blocking, nonblocking, persistent) ends in call_path.run; only the
-    # path checks a call's buffers and builds its plan, and only plan.py makes a Plan.
+    # path checks a call and builds its plan, and only plan.py makes a Plan.
     from ringtree import collectives
 
     publics = {"ringtree.allreduce": ["allreduce", "iallreduce"],
@@ -152,7 +152,7 @@ def test_every_collective_goes_one_call_path():
     assert builders == {"ringtree.call_path"}
     makers = {name for name in MODULES if any("Plan" in calls for calls in _calls_in(name).values())}
     assert makers == {"ringtree.runtime.plan"}
-    checkers = {name for name in MODULES if any("prepared" in calls for calls in _calls_in(name).values())}
+    checkers = {name for name in MODULES if any("checked_call" in calls for calls in _calls_in(name).values())}
     assert checkers <= {"ringtree.call_path", "ringtree.collectives", "ringtree.persistent"}  # the last two: *_init
 
 

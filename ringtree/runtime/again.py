@@ -13,7 +13,7 @@ from mpi4py import MPI
 from ..errors import PeerFailure
 from .in_flight import IN_FLIGHT
 from .state import LAST
-from .stepwise import run_stepwise
+from .stepwise import bound_steps, run_stepwise
 from .threads import THREADED, get_ident
 
 __all__ = ["AGAIN", "AGAIN_MAX", "REPEATS", "forget_bound", "keep_again", "steps_runner", "repeat_of",
@@ -22,9 +22,10 @@ __all__ = ["AGAIN", "AGAIN_MAX", "REPEATS", "forget_bound", "keep_again", "steps
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
 
-def steps_runner(call, state, steps: tuple, target):
-    """A function of none that runs a stepwise plan's steps, bound to the call's arrays
-    (stepwise.bound_steps): what it looks up, looked up once, for a call repeated on those arrays."""
+def steps_runner(call, state, steps: tuple, source, target):
+    """A function of none that runs a stepwise plan's compiled `steps` on the call's arrays, bound to
+    them (stepwise.bound_steps): what it looks up, looked up once, for a call repeated on those arrays."""
+    steps = bound_steps(steps, [source, target, *call.stepwise_scratch], state.remote)
     reduce, copy, divide = call.bound
     average, nranks, signature = call.average, state.size, call.signature
 

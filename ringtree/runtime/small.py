@@ -19,7 +19,7 @@ from .mismatch import signature
 from .plan import schedule_plan
 from .stalls import Call, watched
 from .state import comm_state
-from .stepwise import bound_steps, may_step
+from .stepwise import may_step
 from .threads import get_ident
 
 __all__ = ["small_allreduce", "slowest", "confirm_end"]
@@ -45,8 +45,7 @@ def stepwise_run(state, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp) 
     warning names it."""
     plan = _plan(state, recvbuf, op)
     steps = plan.in_place_steps if sendbuf is recvbuf else plan.steps
-    bound = bound_steps(steps, [sendbuf, recvbuf, *plan.stepwise_scratch], state.remote)
-    return (steps_runner(plan, state, bound, recvbuf),
+    return (steps_runner(plan, state, steps, sendbuf, recvbuf),
             Call(state, recvbuf.size, recvbuf.dtype, op.value, ALGORITHM, plan.peers))
 
 
