@@ -5,9 +5,9 @@ persistent, are each a line over `run`.
 
 A call repeated on the same arguments finds what it shares with the calls before it (REPEATS, by
 their ids) after only the checks that its arrays can fail in place; an allreduce of new arrays of a
-shape seen before finds its plan (again.repeat_of); a blocking allreduce repeated on the same small
-arrays runs bound to them (again.AGAIN, which allreduce looks up before any of this). docs/design.md,
-"The call path".
+shape seen before finds its plan (again.repeat_of); a blocking call repeated on the same small arrays
+runs bound to them (again.AGAIN, which the public functions look up before any of this), MPI's own
+through its plan's persistent request. docs/design.md, "The call path".
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from . import settings
 from .buffers import converted_call, is_plain_call
 from .checks import checked_timeout
 from .collective_args import Prepared, checked_call
-from .ops import ReduceOp, known_op
+from .ops import known_op
 from .request import Request
 from .runtime import agreement
 from .runtime.again import (
     AGAIN,
-    AGAIN_MAX,
+    BY_ID,
+    BY_VALUE,
     REPEATS,
     REPEATS_MAX,
     forget_bound,
@@ -114,7 +115,7 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
         hit = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking)
         if hit is not None:
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
-    key = _arguments_key(name, comm, algorithm, segment, check, timeout, buffers) if kept else None
+    key = _arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
     repeat = REPEATS.get(key) if key is not None else None
     if repeat is not None:
         for array, dtype, written in repeat.arrays:  # a loop: a generator's set-up costs more than the few arrays
@@ -178,27 +179,22 @@ def _start(repeat: _Repeat) -> Request:
     return Request(execution, call.result, repeat.after)
 
 
-def _arguments_key(name, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
+def _arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
     """The key of a call whose arrays are numpy's own and whose other arguments are plain values;
-    None for any other (tensors, buffer specifications)."""
-    parts = [name, id(comm), algorithm, segment, check, timeout]
+    None for any other (tensors, buffer specifications). A blocking call and a started one differ:
+    the first may run through its plan's persistent request (native_runner)."""
+    parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
     for value in buffers:
         kind = type(value)
-        if kind in _BY_ID:
+        if kind in BY_ID:
             parts.append(id(value))
-        elif kind in _BY_VALUE:
+        elif kind in BY_VALUE:
             parts.append(value)
         elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
             parts.append(tuple(value))
         else:
             return None
     return tuple(parts)
-
-
-# The arguments a repeat's key holds by identity (held by the repeat, so that their ids stay theirs),
-# and those it holds by value.
-_BY_ID = frozenset((np.ndarray, MPI.Op, ReduceOp, type(MPI.IN_PLACE)))
-_BY_VALUE = frozenset((int, str, type(None)))
 
 
 def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op):
@@ -214,29 +210,32 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     """An allreduce of a shape seen before (again.repeat_of's `hit`), run."""
     plan, state, steps, source, target, inplace = hit
     recvbuf, what = buffers[1], plan.what
+    native = plan.native is not None
     if not blocking:
-        if plan.native is not None:
-            return Request(NativeInFlight(plan.native, state, source, target, inplace, None, what), recvbuf)
-        return Request(plan.start(state, source, target, inplace, None), recvbuf)
-    run = _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm, comm) if kept else None
-    if run is None:
-        run = (partial(run_native, plan.native, state, source, target, inplace) if plan.native is not None else
+        start = (partial(_started_native, plan.native, state, source, target, inplace, what, recvbuf) if native else
+                 partial(_started, plan, state, source, target, inplace, recvbuf))
+        if kept:
+            keep_again("allreduce", False, buffers, recvbuf, target.nbytes, algorithm, comm, state, start, None, what,
+                       None)
+        return start()
+    if not kept:
+        run = (partial(run_native, plan.native, state, source, target, inplace) if native else
                steps_runner(plan, state, steps, source, target))
+    else:
+        run = (native_runner(plan.native, state, source, target, inplace) if native else
+               steps_runner(plan, state, steps, source, target))
+        keep_again("allreduce", True, buffers, recvbuf, target.nbytes, algorithm, comm, state, run, None, what,
+                   confirm_end, native)
     watched(run, what)
     return recvbuf
 
 
-def _kept_again(plan, state, steps, source, target, inplace, buffers, algorithm, comm):
-    """A blocking allreduce's run bound to the caller's small arrays, kept in AGAIN for its repeats on
-    them; None where they are not such arrays."""
-    sendbuf, recvbuf, op = buffers
-    if not (type(recvbuf) is NDARRAY and target.nbytes <= AGAIN_MAX and (inplace or type(sendbuf) is NDARRAY)
-            and (state.signatures or not THREADED[1])):
-        return None
-    native = plan.native is not None
-    run = (native_runner(plan.native, state, source, target, inplace) if native else
-           steps_runner(plan, state, steps, source, target))
-    return keep_again(sendbuf, recvbuf, op, algorithm, comm, state, target.dtype, inplace, native, run, plan.what).run
+def _started_native(own, state, source, target, inplace: bool, what, result) -> Request:
+    return Request(NativeInFlight(own, state, source, target, inplace, None, what), result)
+
+
+def _started(plan, state, source, target, inplace: bool, result) -> Request:
+    return Request(plan.start(state, source, target, inplace, None), result)
 
 
 class _Done(NamedTuple):
@@ -283,33 +282,34 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     plan, trial = _plan(state, call, collective, choice, sign, algorithm, segment, current, native_ok, timeout)
     native = run = steps = None
     after = call.after
-    if showing_roots:
-        native, after = broadcast_showing_roots(state, call.target, call.collective.root)
-    elif plan.native is not None:
-        if name == "allreduce":
-            run = partial(run_native, plan.native, state, call.source, call.target, call.inplace)
-        else:
+    if plan.native is not None:
+        if blocking or name == "allreduce":  # a started allreduce of MPI's own: start_native's
+            run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root)
+        if run is None and showing_roots:
+            native, after = broadcast_showing_roots(state, call.target, call.collective.root)
+        elif run is None and name != "allreduce":
             native = native_start(call, plan.native.op)
     compiled_steps = None
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:
             steps = steps_runner(plan, state, compiled_steps, call.source, call.target)
+    untimed = trial is None and check is None and segment is None and timeout is None and not current.check
     if name == "allreduce":
         what = plan.what
-        if trial is None and check is None and segment is None and timeout is None and not current.check:
+        if untimed and (plan.native is not None or (steps is not None and blocking)):
             # its plan for calls of its shape on other arrays (repeat_of)
-            if run is not None or (steps is not None and blocking):
-                state.repeats[repeat_key(buffers[2], algorithm, call.target, call.inplace)] = plan
-            if (blocking and kept and call.result is buffers[1]
-                    and (run is not None or (steps is not None and may_step(state, None)))):
-                bound = _kept_again(plan, state, compiled_steps, call.source, call.target, call.inplace, buffers,
-                                    algorithm, comm)
-                if bound is not None:
-                    run, steps = (bound, None) if run is not None else (None, bound)
+            state.repeats[repeat_key(buffers[2], algorithm, call.target, call.inplace)] = plan
     arrays = tuple((value, value.dtype, value is call.result) for value in buffers if type(value) is NDARRAY)
     repeat = repeat._replace(arrays=arrays, plan=plan, native=native, run=run, steps=steps, what=what, after=after,
                              trial=trial)
+    if kept and untimed and comparison is None:
+        if not blocking:
+            keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, partial(_start, repeat),
+                       None, what, None)
+        elif run is not None or (steps is not None and may_step(state, None)):
+            keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after, what,
+                       confirm_end, run is not None)
     if key is not None and trial is None and (call.result is None or any(written for *_, written in arrays)):
         if len(REPEATS) >= REPEATS_MAX:
             REPEATS.clear()
@@ -321,7 +321,7 @@ def _checked(name, comm, algorithm, segment, check, timeout, buffers):
     """(Prepared, the communicator's state, the settings, the timeout) of a call, its arguments checked."""
     with refusing(comm):
         call = checked_call(name, comm, algorithm, segment, check, *buffers)
-        if note_thread(comm) and AGAIN:
+        if note_thread(comm) and any(AGAIN.values()):
             forget_bound()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
         try:
             current = settings.current()

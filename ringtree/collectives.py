@@ -2,7 +2,8 @@
 nonblocking forms, in the style of `allreduce` (and of mpi4py's Reduce_scatter, Allgatherv, Bcast
 and Reduce).
 
-Each is a line over the one path of every collective (call_path.py): the same checks, plans,
+Each is a line over the one path of every collective (call_path.py), and the blocking ones first
+look for their run bound to the same small arrays (again.AGAIN), as allreduce does: the same checks, plans,
 engine, mismatch detection, timeouts and thread rules as allreduce; `auto` chooses among their
 algorithms and MPI's own (tuning/collectives.py).
 """
@@ -19,6 +20,7 @@ from .collective_args import checked_call
 from .ops import named_defaults
 from .persistent import PersistentRequest
 from .request import Request
+from .runtime.again import AGAIN, MISSED
 from .runtime.refusal import refusing
 
 __all__ = ["reduce_scatter", "ireduce_scatter", "reduce_scatter_init", "allgather", "iallgather", "allgather_init",
@@ -36,12 +38,21 @@ def reduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None,
     equal blocks, which must divide it). With sendbuf MPI.IN_PLACE, recvbuf holds the input and gets
     the block at its start. The block goes into `recvbuf` (a new array when None), which is returned.
     """
+    again = AGAIN["reduce_scatter"].get(id(recvbuf))
+    if (again is not None and segment is check is timeout is None
+            and again.ran(sendbuf, counts, op, comm, algorithm) is not MISSED):
+        return recvbuf
     return run("reduce_scatter", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts, op)
 
 
 def ireduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None,
                     check=None, timeout=None) -> Request:
     """Start a reduce_scatter and return its Request (wait() returns the block)."""
+    again = AGAIN["ireduce_scatter"].get(id(recvbuf))
+    if again is not None and segment is check is timeout is None:
+        request = again.ran(sendbuf, counts, op, comm, algorithm)
+        if request is not MISSED:
+            return request
     return run("reduce_scatter", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts, op)
 
 
@@ -53,22 +64,40 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto"
     MPI.IN_PLACE, this rank's block is already in place in recvbuf. A new recvbuf (for None) has
     shape (ranks, *sendbuf.shape) where no counts are given, else is 1-D.
     """
+    again = AGAIN["allgather"].get(id(recvbuf))
+    if (again is not None and segment is check is timeout is None
+            and again.ran(sendbuf, counts, None, comm, algorithm) is not MISSED):
+        return recvbuf
     return run("allgather", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts)
 
 
 def iallgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto", segment=None, check=None,
                timeout=None) -> Request:
     """Start an allgather and return its Request (wait() returns recvbuf)."""
+    again = AGAIN["iallgather"].get(id(recvbuf))
+    if again is not None and segment is check is timeout is None:
+        request = again.ran(sendbuf, counts, None, comm, algorithm)
+        if request is not MISSED:
+            return request
     return run("allgather", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts)
 
 
 def broadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None):
     """Every rank of `comm` gets rank `root`'s `buf` in its own `buf`, which is returned."""
+    again = AGAIN["broadcast"].get(id(buf))
+    if (again is not None and segment is check is timeout is None
+            and again.ran(root, None, None, comm, algorithm) is not MISSED):
+        return buf
     return run("broadcast", True, comm, algorithm, segment, check, timeout, buf, root)
 
 
 def ibroadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None) -> Request:
     """Start a broadcast and return its Request (wait() returns buf)."""
+    again = AGAIN["ibroadcast"].get(id(buf))
+    if again is not None and segment is check is timeout is None:
+        request = again.ran(root, None, None, comm, algorithm)
+        if request is not MISSED:
+            return request
     return run("broadcast", False, comm, algorithm, segment, check, timeout, buf, root)
 
 

@@ -69,8 +69,7 @@ def _bound_native(source, target, inplace, op, reduce_op, comm, algorithm) -> Bo
     shared = state.repeats.get(repeat_key(op, algorithm, target, inplace))
     if shared is None or shared.native is None:
         return None
-    own = native_plan(reduce_op, shared.native.divide, state, target.size, target.dtype, shared.signature,
-                      persistent=False)
+    own = native_plan(reduce_op, shared.native.divide, state, target.size, target.dtype, shared.signature, None)
     return BoundNative(own, state, source, target, inplace, shared.what)
 
 

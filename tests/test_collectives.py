@@ -377,6 +377,51 @@ def test_ranks_that_disagree_on_the_root_all_get_an_error(comm):
     assert_everywhere(comm, failures)
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["auto", "named"])
+def test_calls_repeated_on_the_same_arrays_see_what_changed_in_them(comm, named):
+    """Blocking repeats on the same small arrays run bound to them (again.AGAIN): a change of root, of
+    dtype or writability in place, and another collective's calls on the same array in turns must
+    all still count, each result equal to MPI's own."""
+    rank, size = comm.rank, comm.size
+    algorithm, rooted = ("ring", "binomial") if named else ("auto", "auto")
+    local = comm.Dup()
+    every, block, whole = np.arange(2 * size, dtype=np.int64) + rank, np.empty(2, np.int64), np.empty(2 * size, np.int64)
+    expected_block, expected_whole = np.empty(2, np.int64), np.empty(2 * size, np.int64)
+    failures = []
+    for turn in range(4):
+        every[:] = np.arange(2 * size) + rank + turn
+        ringtree.reduce_scatter(every, block, comm=local, algorithm=algorithm)
+        comm.Reduce_scatter_block(every, expected_block)
+        ringtree.allgather(block, whole, comm=local, algorithm=algorithm)
+        comm.Allgather(expected_block, expected_whole)
+        if not (np.array_equal(block, expected_block) and np.array_equal(whole, expected_whole)):
+            failures.append(f"turn {turn}: {block} {whole}")
+        root = turn % size
+        whole[:] = rank + 10 * turn
+        ringtree.broadcast(whole, root=root, comm=local, algorithm=rooted)
+        if not (whole == root + 10 * turn).all():
+            failures.append(f"broadcast from {root} gave {whole}")
+    block.dtype = np.float64  # the same bits read as floats: the repeat must see it
+    try:
+        ringtree.reduce_scatter(every, block, comm=local, algorithm=algorithm)
+        failures.append(f"no error for int64 into {block.dtype}")
+    except TypeError as error:
+        if "dtype" not in str(error):
+            failures.append(str(error))
+    block.dtype = np.int64
+    ringtree.broadcast(whole, root=0, comm=local, algorithm=rooted)  # the communicator still works
+    whole.flags.writeable = False  # fine at the root alone, which only reads it; refused elsewhere
+    try:
+        ringtree.broadcast(whole, root=0, comm=local, algorithm=rooted)
+        if size > 1:
+            failures.append("broadcast wrote into a read-only array")
+    except (ValueError, ringtree.MismatchError) as error:  # a rank that refused makes the others raise
+        if size == 1 or "read-only" not in str(error):
+            failures.append(str(error))
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
 @pytest.mark.parametrize("repeat", [False, True], ids=["first call", "repeat"])
 @pytest.mark.parametrize("blocking", [True, False], ids=["broadcast", "ibroadcast"])
 def test_ranks_that_each_name_themselves_the_root_of_a_small_broadcast_all_get_an_error(comm, blocking, repeat):

@@ -1,22 +1,30 @@
-"""A blocking call repeated on the same small arrays: its run kept bound to them (allreduce's fastest path).
+"""Calls repeated on the same arrays: a blocking call's run kept bound to its small arrays (AGAIN, the
+fastest path of every collective), what any call shares with its repeats (REPEATS), and the plan of an
+allreduce shape (repeat_of).
 
-allreduce looks the receive array up in AGAIN (by id) and, if the other
-arguments are the same objects as before and the arrays pass the checks that
-can change in place, calls the entry's run; `docs/design.md`, "The call path".
+A blocking collective looks its result array up in AGAIN (by id) and, if the
+other arguments are the same objects as before and the arrays pass the checks
+that can change in place, runs the entry again; `docs/design.md`, "The call path".
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 from ..errors import PeerFailure
+from ..ops import ReduceOp
+from ..schedule.ir import COLLECTIVES
 from .in_flight import IN_FLIGHT
+from .one_caller import intruded, one_caller
+from .stalls import WAITING, watched
 from .state import LAST
 from .stepwise import bound_steps, run_stepwise
-from .threads import THREADED, get_ident
+from .threads import FIRST_IN, THREADED, get_ident
 
-__all__ = ["AGAIN", "AGAIN_MAX", "REPEATS", "forget_bound", "keep_again", "steps_runner", "repeat_of",
+__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "REPEATS", "forget_bound", "keep_again", "steps_runner", "repeat_of",
            "repeat_key"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
@@ -40,48 +48,113 @@ def steps_runner(call, state, steps: tuple, source, target):
     return run
 
 
+MISSED = object()  # _Again.ran's answer where the arguments are not the call's
+
+
 class _Again:
-    """A small blocking call that ran a stepwise or native plan with no trial, check or timeout, and
-    that run bound to its arrays: a loop repeating the call on the same arrays runs it again after
-    only the checks those arrays can fail (writability and dtype may change in place). A class with
-    slots: its attributes are read faster than a NamedTuple's."""
+    """A small call of any collective, blocking or started, that ran a stepwise or native plan (or
+    started any plan) with no trial, check or timeout, and that run bound to its arrays: a loop
+    repeating the call on the same arrays runs it again after only the checks those arrays can fail
+    (writability and dtype may change in place). Kept by its result array, which the call returns;
+    `first`, `second` and `third` are its other arguments, compared by identity (a class with
+    slots: its attributes are read faster than a NamedTuple's)."""
 
-    __slots__ = ("sendbuf", "op", "algorithm", "comm", "state", "dtype", "inplace", "native", "run", "call", "thread",
-                 "handle")
+    __slots__ = ("result", "first", "second", "third", "algorithm", "comm", "state", "dtype", "source_dtype",
+                 "native", "run", "what", "confirm", "thread", "handle")
 
-    def __init__(self, sendbuf, op, algorithm, comm, state, dtype, inplace, native, run, call) -> None:
-        self.sendbuf = sendbuf  # the caller's array (or IN_PLACE), held so that its id stays its own
-        self.op, self.algorithm, self.comm, self.state, self.dtype = op, algorithm, comm, state, dtype
-        self.inplace, self.native, self.run = inplace, native, run  # run: the call, bound to the arrays
-        self.call = call  # what a stall warning says of it (stalls.Call)
+    def __init__(self, result, arguments, algorithm, comm, state, source_dtype, native, run, what, confirm) -> None:
+        self.result = result  # the caller's arrays, held so that their ids stay their own
+        self.first, self.second, self.third = arguments
+        self.algorithm, self.comm, self.state, self.dtype = algorithm, comm, state, result.dtype
+        self.source_dtype = source_dtype  # the send array's, or None for none (in place, a broadcast)
+        # run: the call bound to the arrays (a started call's returns its Request); native: it waits in
+        # MPI's own only, or not at all, so that no collective in flight waits for it
+        self.native, self.run = native, run
+        self.what = what  # what a stall warning says of it (stalls.Call, or a description)
+        self.confirm = confirm  # one_caller's confirmation of a blocking call's end (small.confirm_end)
         self.thread = get_ident()  # only the thread that made it runs it: another must be noted (threads.py)
         self.handle = (WORLD if comm is None else comm).handle  # the thread's mark while in it (threads.FIRST_IN)
 
+    def ran(self, first, second, third, comm, algorithm):
+        """Where these are the call's arguments (its result array's looked up by id), the call run
+        again, and what its run returns (a started call's Request); else MISSED. It runs as
+        one_caller.in_call runs a call, its checks and watched() inlined."""
+        result, state = self.result, self.state
+        if not (first is self.first and second is self.second and third is self.third and comm is self.comm
+                and algorithm is self.algorithm and self.thread == get_ident() and state.broken is None
+                and result.flags.writeable and result.dtype is self.dtype
+                and (self.source_dtype is None or first.dtype is self.source_dtype)
+                and (self.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
+            return MISSED
+        if THREADED[1]:
+            return one_caller(comm, watched, self.run, self.what, confirm=self.confirm)
+        outer, FIRST_IN[0] = FIRST_IN[0], self.handle
+        WAITING[0] = self.what
+        try:
+            if THREADED[1]:  # THREADED read again: a second thread has called since
+                ran = one_caller(comm, self.run, confirm=self.confirm)
+            else:
+                ran = self.run()
+        finally:
+            FIRST_IN[0], WAITING[0] = outer, None
+            WAITING[1] += 1
+        if FIRST_IN[1] is not None:
+            intruded()
+        return ran
 
-# By id(recvbuf). Holding the arrays keeps them alive, so only small ones, and a few.
-AGAIN: dict[int, _Again] = {}
+
+# Each public function's (allreduce, iallreduce, broadcast, ...) by the id of its result array (two
+# collectives' calls on one array may take turns in a loop). Holding the arrays keeps them alive,
+# so only small ones, and a few.
+AGAIN: dict[str, dict[int, _Again]] = {name: {} for collective in COLLECTIVES for name in (collective,
+                                                                                          "i" + collective)}
 AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
 AGAIN_ENTRIES = 16
 
-# The other collectives' calls by their arguments' ids and values (collectives.py): what a call
-# shares with the calls after it on the same arguments.
+# Calls by their arguments' ids and values (call_path._arguments_key): what a call shares with the
+# calls after it on the same arguments.
 REPEATS: dict = {}
 REPEATS_MAX = 64
+# The arguments a repeat holds by identity (held by it, so that their ids stay theirs), and those
+# it holds by value.
+BY_ID = frozenset((np.ndarray, MPI.Op, ReduceOp, type(MPI.IN_PLACE)))
+BY_VALUE = frozenset((int, str, type(None)))
 
 
 def forget_bound() -> None:
     """Forget every run kept bound to arrays: a plan they may hold was freed, or they may wait inside
     MPI, which a call may no longer do."""
-    AGAIN.clear()
+    for kept in AGAIN.values():
+        kept.clear()
     REPEATS.clear()
 
 
-def keep_again(sendbuf, recvbuf, op, algorithm, comm, state, dtype, inplace: bool, native: bool, run, what) -> _Again:
-    """Keep `run`, a blocking allreduce's run bound to these arrays, for its repeats on them."""
-    if len(AGAIN) >= AGAIN_ENTRIES:
-        AGAIN.clear()
-    again = AGAIN[id(recvbuf)] = _Again(sendbuf, op, algorithm, comm, state, dtype, inplace, native, run, what)
-    return again
+def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, comm, state, run, after, what, confirm,
+               native: bool = True) -> None:
+    """Keep the `run` of a call of collective `name` on `buffers` (a started call's: its start), bound to
+    the caller's arrays, for its repeats on them (_Again): where they are numpy arrays of up to
+    AGAIN_MAX bytes in all, `result` (what it returns) one of them, and its other arguments values or
+    arrays (a reduce compares its root on every call). `native`: a blocking run waits in MPI's own
+    only; `confirm`: one_caller's for a blocking call."""
+    if name == "reduce" or nbytes > AGAIN_MAX or not (state.signatures or not THREADED[1]):
+        return
+    own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
+    if result is not own or type(result) is not NDARRAY or not all(
+            type(value) in BY_ID or type(value) in BY_VALUE for value in others):
+        return
+    if after is not None:
+        run = partial(_then, run, after)
+    kept, first = AGAIN[name if blocking else "i" + name], others[0]
+    if len(kept) >= AGAIN_ENTRIES:
+        kept.clear()
+    kept[id(result)] = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
+                              first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what,
+                              confirm)
+
+
+def _then(run, after) -> None:
+    run()
+    after()
 
 
 def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):

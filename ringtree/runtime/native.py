@@ -13,6 +13,7 @@ from mpi4py.util import dtlib
 
 from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
+from ..schedule.ir import ALLREDUCE, Collective
 from ..tuning.online import Tuner
 from .backoff import wait_until
 from .in_flight import progress_others
@@ -28,9 +29,10 @@ __all__ = ["MPICollective", "NativeInFlight", "BoundNative", "reduces", "native_
 # poll, and a look's probes slow a wait that shares a core with a peer's work; a mismatch is found
 # that much later.
 QUIET_SECONDS = 0.01
-# Up to this size a call goes through a persistent request (Allreduce_init) on a buffer of the plan's
-# own, with a copy in and a copy out, where the MPI has them: on 2 ranks under MPICH faster than
-# Iallreduce up to 16 KiB, in place or not (docs/algorithms.md); from 64 KiB the copies cost more.
+# Up to this size a blocking call goes through a persistent request (Allreduce_init, Bcast_init, ...)
+# on buffers of the plan's own, with a copy in and a copy out, where the MPI has them: on 2 ranks
+# under MPICH faster than the nonblocking call up to 16 KiB, in place or not (docs/algorithms.md);
+# from 64 KiB the copies cost more.
 PERSISTENT_MAX = 16384
 # Up to this size MPI's own broadcast runs as its allreduce (broadcast_showing_roots), which needs no
 # comparison of the roots before it: under MPICH an 8 KiB one costs less than a Bcast and a comparison
@@ -46,8 +48,12 @@ class MPICollective(NamedTuple):
     divide: object  # for avg: the backend's division by the number of ranks
     comm: MPI.Comm  # the plan's own: native calls that differ between ranks never match (mismatch.py)
     signature: Signature
-    buffer: np.ndarray | None  # the persistent request's, in place; None: Iallreduce on the caller's arrays
+    # The persistent request's buffers, which a blocking call copies into and out of (None: no request):
+    # what it sends, and what it receives (the same where in place; None at a reduce's other ranks).
+    buffer: np.ndarray | None
+    received: np.ndarray | None
     request: MPI.Prequest | None
+    collective: Collective = ALLREDUCE  # the plan's: a broadcast's root None shows the roots
 
 
 def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
@@ -63,11 +69,12 @@ def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
 
 
 def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype, signature: Signature,
-                persistent: bool = True) -> MPICollective:
-    """What a plan of MPI's own calls of `count` elements on `state`'s communicator holds (of allreduce, or with
-    `persistent` False, of any collective: `op` None for one that reduces nothing). Collective: every
-    rank builds it at the same call, after the ranks agree on its signature (MPI matches the
-    collectives that make it whatever the calls they belong to)."""
+                collective: Collective | None = ALLREDUCE) -> MPICollective:
+    """What a plan of MPI's own calls of `count` elements of `collective` on `state`'s communicator holds
+    (`op` None for one that reduces nothing): up to PERSISTENT_MAX bytes, a persistent request on
+    buffers of its own, unless `collective` is None. Collective: every rank builds it at the same
+    call, after the ranks agree on its signature (MPI matches the collectives that make it whatever
+    the calls they belong to)."""
     seq = state.calls
     mine = np.array([signature.code, count, -signature.code, -count], np.int64)
     low = np.empty_like(mine)
@@ -77,14 +84,40 @@ def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype,
     comm, request = state.comm.Idup()
     _wait(request, state, seq, signature, (comm,))
     comm.Set_name(f"{state.name} native")
-    buffer = request = None
-    if persistent and count * dtype.itemsize <= PERSISTENT_MAX:
-        buffer = np.empty(count, dtype)
+    mpi_op = None if op is None else MPI_OP[op]
+    buffer = received = request = None
+    if collective is not None and count * dtype.itemsize <= PERSISTENT_MAX:
         try:
-            request = comm.Allreduce_init(MPI.IN_PLACE, buffer, MPI_OP[op])
+            buffer, received, request = _persistent(collective, comm, count, dtype, mpi_op, state.rank, state.size)
         except NotImplementedError:  # an MPI before persistent collectives: the same on every rank
-            buffer = None
-    return MPICollective(None if op is None else MPI_OP[op], op is ReduceOp.AVG, divide, comm, signature, buffer, request)
+            buffer = received = request = None
+    return MPICollective(mpi_op, op is ReduceOp.AVG, divide, comm, signature, buffer, received, request,
+                         collective or ALLREDUCE)
+
+
+def _persistent(collective: Collective, comm, count: int, dtype: np.dtype, op, rank: int, size: int):
+    """(buffer, received, request) of a plan's persistent request of `collective` (MPICollective).
+    What reduces nothing goes as bytes, which every MPI has."""
+    name, root, counts = collective.name, collective.root, collective.counts
+    if name == "broadcast":
+        if root is None:  # as broadcast_showing_roots: the bytes, then a bit for each rank's root
+            buffer = np.zeros(count * dtype.itemsize + (size + 7) // 8, np.uint8)
+            return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, [buffer, MPI.BYTE], MPI.BOR)
+        buffer = np.empty(count * dtype.itemsize, np.uint8)
+        return buffer, buffer, comm.Bcast_init([buffer, MPI.BYTE], root)
+    if name == "allgather":
+        buffer = np.empty(count * dtype.itemsize, np.uint8)
+        sizes = [c * dtype.itemsize for c in counts]
+        return buffer, buffer, comm.Allgatherv_init(MPI.IN_PLACE, [buffer, sizes, None, MPI.BYTE])
+    buffer = np.empty(count, dtype)
+    if name == "reduce_scatter":
+        received = np.empty(counts[rank], dtype)
+        return buffer, received, comm.Reduce_scatter_init(buffer, received, list(counts), op)
+    if name == "reduce":
+        if rank == root:
+            return buffer, buffer, comm.Reduce_init(MPI.IN_PLACE, buffer, op, root)
+        return buffer, None, comm.Reduce_init(buffer, None, op, root)
+    return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, buffer, op)
 
 
 def free_plan(own: MPICollective) -> None:
@@ -128,24 +161,52 @@ def run_started(own: MPICollective, state, start, target, what) -> None:
         own.divide(target, state.size)
 
 
-def native_runner(own: MPICollective, state, source, target, in_place: bool):
-    """`run_native` of these arguments as a function of none, for a call repeated on the same arrays:
-    through a persistent request, its copies go between memoryviews made once (half a numpy
-    assignment's time at 8 B)."""
-    if own.buffer is None or own.average:
-        return partial(run_native, own, state, source, target, in_place)
-    request, buffer, source, target = own.request, _bytes(own.buffer), _bytes(source), _bytes(target)
-    signature, test = own.signature, request.Test
+def native_runner(own: MPICollective, state, source, target, in_place: bool, root: int | None = 0):
+    """A blocking call of these arguments as a function of none, for a call repeated on the same
+    arrays: through the plan's persistent request, its copies between memoryviews made once (half a
+    numpy assignment's time at 8 B); `root`: a broadcast's or reduce's. Without a persistent request,
+    run_native's call for an allreduce, else None."""
+    if own.request is None:
+        return partial(run_native, own, state, source, target, in_place) if own.collective is ALLREDUCE else None
+    request, signature, test, divide = own.request, own.signature, own.request.Test, own.divide if own.average else None
+    copies_in, copies_out, roots = _copies(own, state.rank, source, target, root)
 
     def run() -> None:
-        buffer[:] = source
+        for into, given in copies_in:
+            into[:] = given
         request.Start()
-        seq = state.calls
+        seq = state.calls  # counted as every call is (run_native)
         state.calls = seq + 1
         if not test():
             _wait(request, state, seq, signature, ())
-        target[:] = buffer
+        if roots is not None and roots[0] != roots[1]:
+            _roots_differ(state, root, seq)
+        for into, given in copies_out:
+            into[:] = given
+        if divide is not None:
+            divide(target, state.size)
     return run
+
+
+def _copies(own: MPICollective, rank: int, source, target, root):
+    """(copies in, copies out, roots) of a call through the plan's persistent request: (to, from)
+    pairs of memoryviews; roots, for a broadcast that shows them, (the bits the ranks' roots
+    combined to, those of this rank's)."""
+    name, buffer, received = own.collective.name, _bytes(own.buffer), own.received
+    if name == "allgather":
+        offset, mine = own.collective.displacement(rank) * target.itemsize, _bytes(source)
+        return [(buffer[offset:offset + mine.nbytes], mine)], [(_bytes(target), buffer)], None
+    if name != "broadcast":
+        return [(buffer, _bytes(source))], [(_bytes(target), _bytes(received))] if received is not None else [], None
+    data, at_root = _bytes(target), rank == root
+    nbytes = data.nbytes
+    if own.collective.root is not None:
+        return ([(buffer, data)], [], None) if at_root else ([], [(data, buffer)], None)
+    bits = bytearray(buffer.nbytes - nbytes)
+    bits[root // 8] = 1 << root % 8
+    given = data if at_root else memoryview(bytes(nbytes))  # the others give zeros
+    copies_out = [] if at_root else [(data, buffer[:nbytes])]
+    return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(bits))], copies_out, (buffer[nbytes:], bits)
 
 
 class NativeInFlight:
@@ -256,13 +317,19 @@ def broadcast_showing_roots(state, target: np.ndarray, root: int):
 
     def after() -> None:
         if combined[nbytes:].tobytes() != roots:
-            named = state.comm.allgather(root)  # every rank is here: it saw the same bits
-            raise MismatchError(f"ringtree broadcast on rank {state.rank}: the ranks of {state.comm.Get_name()} "
-                                f"disagree at call #{seq[0]}: " + " | ".join(differing(
-                                    "collective", {rank: f"broadcast root {value}" for rank, value in enumerate(named)})))
+            _roots_differ(state, root, seq[0])
         if not at_root:
             data[:] = received
     return start, after
+
+
+def _roots_differ(state, root: int, seq: int):
+    """Raise MismatchError: the ranks named different roots for broadcast `seq` (every rank is here: it
+    saw the same bits)."""
+    named = state.comm.allgather(root)
+    raise MismatchError(f"ringtree broadcast on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree at "
+                        f"call #{seq}: " + " | ".join(differing(
+                            "collective", {rank: f"broadcast root {value}" for rank, value in enumerate(named)})))
 
 
 def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from ..algorithms.lower import Shape
 from ..ops import ReduceOp
-from ..schedule.ir import ALLREDUCE, Collective
+from ..schedule.ir import Collective
 from ..schedule.staging import is_host
 from ..tuning.online import NATIVE
 from ..tuning.selector import WINDOW
@@ -86,7 +86,7 @@ def build_plan(state, backend, choice, collective: Collective, count: int, dtype
     if choice.algorithm == NATIVE:
         if state.make_room():
             forget_bound()  # the runs kept bound to arrays may hold the plan it freed
-        own = native_plan(reduce_op, backend.divide, state, count, dtype, sign, persistent=collective is ALLREDUCE)
+        own = native_plan(reduce_op, backend.divide, state, count, dtype, sign, collective)
         plan = Plan(None, None, None, backend, None, None, own.average, dtype, [], [], (), sign, None, native=own)
     else:
         transport, ipc_peers, choice = routed(state, backend, choice, segment)

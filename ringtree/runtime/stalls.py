@@ -37,12 +37,12 @@ def slot() -> list:
     return mine
 
 
-def watched(run, what) -> None:
+def watched(run, what):
     """run(), with the watchdog told that the calling thread waits in `what` meanwhile."""
     waiting = slot()
     waiting[0] = what
     try:
-        run()
+        return run()
     finally:
         waiting[0] = None
         waiting[1] += 1
