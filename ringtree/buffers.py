@@ -20,9 +20,8 @@ from mpi4py.util import dtlib
 from . import tensors
 from .debug import configure_debug_logging, log
 from .ops import op_name, parse_op
-from .request import Request
+from .request import MPIOwn, Request
 from .runtime.backend import REGISTERED, NoDevice, backend_for, cupy_backend
-from .runtime.native import MPIOwn
 from .runtime.refusal import refusing
 from .tensors import is_tensor
 

@@ -11,8 +11,7 @@ from .debug import configure_debug_logging, log
 from .mpi_style import translated
 from .ops import named_defaults
 from .persistent import PersistentRequest, allreduce_init
-from .request import MPIRequest, Request
-from .runtime.native import MPIOwn
+from .request import MPIOwn, MPIRequest, Request
 from .runtime.refusal import refusing
 
 __all__ = ["Communicator"]

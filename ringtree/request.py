@@ -9,11 +9,13 @@ from mpi4py import MPI
 
 from .debug import log
 from .runtime import progress
+from .runtime.backoff import wait_until
 from .runtime.engine import Execution
+from .runtime.in_flight import progress_others
 from .runtime.native import NativeInFlight
 from .runtime.threads import note_thread
 
-__all__ = ["Request", "MPIRequest"]
+__all__ = ["Request", "MPIRequest", "MPIOwn"]
 
 
 class Request:
@@ -159,3 +161,25 @@ def empty_status(status: MPI.Status) -> None:
 def _nothing(*_) -> None:
     """A generalized request's free and cancel callbacks: a collective cannot be cancelled, and
     what it holds is freed with its Request."""
+
+
+class MPIOwn:
+    """MPI's own nonblocking collective, started by `start()`, that ringtree does not compute (a
+    user-defined op, a derived datatype, ...): what a Request tests and waits on; its waits progress
+    ringtree's collectives in flight."""
+
+    __slots__ = ("comm", "request", "done")
+
+    def __init__(self, comm, start) -> None:
+        self.comm, self.request, self.done = comm, start(), False
+
+    def test(self) -> bool:
+        if not self.done:
+            progress_others()
+            self.done = self.request.Test()
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            wait_until(self.request.Test, progress_others)
+            self.done = True
