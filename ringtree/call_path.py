@@ -283,7 +283,7 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     native = run = steps = None
     after = call.after
     if plan.native is not None:
-        if blocking or name == "allreduce":  # a started allreduce of MPI's own: start_native's
+        if blocking:  # a started call starts MPI's nonblocking collective (_start)
             run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root)
         if run is None and showing_roots:
             native, after = broadcast_showing_roots(state, call.target, call.collective.root)

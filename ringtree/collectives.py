@@ -2,10 +2,10 @@
 nonblocking forms, in the style of `allreduce` (and of mpi4py's Reduce_scatter, Allgatherv, Bcast
 and Reduce).
 
-Each is a line over the one path of every collective (call_path.py), and the blocking ones first
-look for their run bound to the same small arrays (again.AGAIN), as allreduce does: the same checks, plans,
-engine, mismatch detection, timeouts and thread rules as allreduce; `auto` chooses among their
-algorithms and MPI's own (tuning/collectives.py).
+Each is a line over the one path of every collective (call_path.py), after a look for its run bound
+to the same small arrays (again.AGAIN), as allreduce's: the same checks, plans, engine, mismatch
+detection, timeouts and thread rules as allreduce; `auto` chooses among their algorithms and MPI's
+own (tuning/collectives.py).
 """
 
 from __future__ import annotations

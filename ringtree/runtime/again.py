@@ -1,10 +1,11 @@
-"""Calls repeated on the same arrays: a blocking call's run kept bound to its small arrays (AGAIN, the
-fastest path of every collective), what any call shares with its repeats (REPEATS), and the plan of an
+"""Calls repeated on the same arrays: a call's run kept bound to its small arrays (AGAIN, the fastest
+path of every collective), what any call shares with its repeats (REPEATS), and the plan of an
 allreduce shape (repeat_of).
 
-A blocking collective looks its result array up in AGAIN (by id) and, if the
-other arguments are the same objects as before and the arrays pass the checks
-that can change in place, runs the entry again; `docs/design.md`, "The call path".
+Each public function looks its result array up in its own AGAIN entries (by id)
+and, if the other arguments are the same objects as before and the arrays pass
+the checks that can change in place, runs the entry again; `docs/design.md`,
+"The call path".
 """
 
 from __future__ import annotations
