@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import ringtree
 from conftest import assert_everywhere
 from ringtree.algorithms import ALGORITHMS
 from ringtree.allreduce import allreduce
@@ -38,3 +39,23 @@ def test_bfloat16_sums_in_place_and_averages(comm):
     mean = allreduce(np.full(100, 2.0, ml_dtypes.bfloat16), op="avg", comm=comm)
     ok = (data.astype(np.float64) == size * (size + 1) / 2).all() and (mean.astype(np.float64) == 2.0).all()
     assert_everywhere(comm, [] if ok else [f"got {data[:3]} and {mean[:3]}"])
+
+
+@pytest.mark.parametrize("repeat", [1, 3], ids=["once", "repeated"])
+def test_bfloat16_moves_through_every_collective_that_reduces_nothing(comm, repeat):
+    """A broadcast or allgather of bfloat16 (which exports no buffer to MPI) goes as its bytes, through
+    MPI's own persistent request too: the same bits as MPI's own call on its uint16 view."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = np.arange(4, dtype=np.float64).astype(ml_dtypes.bfloat16) + rank
+    gathered, data = np.empty(4 * size, ml_dtypes.bfloat16), np.full(8, rank + 0.5, ml_dtypes.bfloat16)
+    expected = np.empty(4 * size, np.uint16)
+    comm.Allgather(mine.view(np.uint16), expected)
+    failures = []
+    for _ in range(repeat):
+        ringtree.allgather(mine, gathered, comm=comm)
+        ringtree.broadcast(data, root=size - 1, comm=comm)
+    if gathered.view(np.uint16).tobytes() != expected.tobytes():
+        failures.append(f"allgather gave {gathered}")
+    if not (data.astype(np.float64) == size - 0.5).all():
+        failures.append(f"broadcast gave {data}")
+    assert_everywhere(comm, failures)

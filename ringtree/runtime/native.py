@@ -357,7 +357,7 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
 
 
 def _bytes(array: np.ndarray) -> memoryview:
-    return memoryview(array).cast("B")
+    return memoryview(array.view(np.uint8))  # a view first: a dtype such as bfloat16 exports no buffer
 
 
 def native_start(call, op):
