@@ -1,6 +1,6 @@
 """The public allreduce: `allreduce` and `iallreduce`, in the style of mpi4py, over the one path of
-every collective (call_path.py). A blocking call repeated on the same small arrays first looks for its
-run bound to them (again.AGAIN), as every blocking collective does.
+every collective (call_path.py). A call repeated on the same small arrays first looks for its run (or
+start) bound to them (again.AGAIN), as every collective's public function does.
 
 Arguments are checked on the calling rank before any message is sent, so bad
 input raises TypeError or ValueError and leaves the buffers untouched.

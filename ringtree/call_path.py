@@ -218,12 +218,13 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
             keep_again("allreduce", False, buffers, recvbuf, target.nbytes, algorithm, comm, state, start, None, what,
                        None)
         return start()
-    if not kept:
-        run = (partial(run_native, plan.native, state, source, target, inplace) if native else
-               steps_runner(plan, state, steps, source, target))
+    if not native:
+        run = steps_runner(plan, state, steps, source, target)
+    elif kept:  # memoryviews made once pay off for arrays the next call brings again
+        run = native_runner(plan.native, state, source, target, inplace)
     else:
-        run = (native_runner(plan.native, state, source, target, inplace) if native else
-               steps_runner(plan, state, steps, source, target))
+        run = partial(run_native, plan.native, state, source, target, inplace)
+    if kept:
         keep_again("allreduce", True, buffers, recvbuf, target.nbytes, algorithm, comm, state, run, None, what,
                    confirm_end, native)
     watched(run, what)

@@ -214,8 +214,7 @@ def _copies(own: MPICollective, rank: int, source, target, root):
     nbytes = data.nbytes
     if own.collective.root is not None:
         return ([(buffer, data)], [], None) if at_root else ([], [(data, buffer)], None)
-    bits = bytearray(buffer.nbytes - nbytes)
-    bits[root // 8] = 1 << root % 8
+    bits = _root_bits(buffer.nbytes - nbytes, root)
     given = data if at_root else memoryview(bytes(nbytes))  # the others give zeros
     copies_out = [] if at_root else [(data, buffer[:nbytes])]
     return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(bits))], copies_out, (buffer[nbytes:], bits)
@@ -316,7 +315,7 @@ def broadcast_showing_roots(state, target: np.ndarray, root: int):
     data = memoryview(target.view(np.uint8))
     nbytes, size = data.nbytes, state.size
     mine = np.zeros(nbytes + (size + 7) // 8, np.uint8)
-    mine[nbytes + root // 8] = 1 << root % 8
+    mine[nbytes:] = np.frombuffer(_root_bits((size + 7) // 8, root), np.uint8)
     roots, combined = mine[nbytes:].tobytes(), np.empty_like(mine)
     given, received, at_root = memoryview(mine)[:nbytes], memoryview(combined)[:nbytes], state.rank == root
     seq = [0]
@@ -333,6 +332,13 @@ def broadcast_showing_roots(state, target: np.ndarray, root: int):
         if not at_root:
             data[:] = received
     return start, after
+
+
+def _root_bits(length: int, root: int) -> bytearray:
+    """`length` bytes with the bit of rank `root`: what a rank names in a broadcast that shows the roots."""
+    bits = bytearray(length)
+    bits[root // 8] = 1 << root % 8
+    return bits
 
 
 def _roots_differ(state, root: int, seq: int):
