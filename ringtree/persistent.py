@@ -3,6 +3,8 @@ PersistentRequest that the other collectives' `…_init` return too."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from mpi4py import MPI
 
@@ -13,12 +15,10 @@ from .checks import checked_timeout
 from .collective_args import checked_call
 from .ops import known_op, named_defaults
 from .request import empty_status
-from .runtime.again import repeat_key
 from .runtime.backend import NoDevice
-from .runtime.native import BoundNative, native_plan
+from .runtime.native import BoundNative, NativeInFlight, native_plan
 from .runtime.one_caller import in_call
 from .runtime.refusal import refusing
-from .runtime.state import existing_state
 
 __all__ = ["PersistentRequest", "allreduce_init"]
 
@@ -54,23 +54,23 @@ def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
     if (type(target) is not np.ndarray or check is not None or timeout is not None or known_op(op) is None
             or algorithm != "auto"):  # a named algorithm never settles on MPI's own
         return PersistentRequest(start)
-    return PersistentRequest(start, bind=lambda: _bound_native(source, target, inplace, op, prepared_call.reduce_op,
-                                                               comm, algorithm), comm=comm)
+    return PersistentRequest(start, bind=partial(_bound_native, source=source, target=target, inplace=inplace,
+                                                 reduce_op=prepared_call.reduce_op), comm=comm)
 
 
-def _bound_native(source, target, inplace, op, reduce_op, comm, algorithm) -> BoundNative | None:
-    """After a Start: where the calls of this shape have settled on MPI's own allreduce (the plan its
-    repeats look up, which online tuning's trials never are: the same on every rank, at the same
-    Start), MPI's own persistent request of these arrays on a native plan of the request's own;
-    else None, to ask again at the next Start."""
-    state = existing_state(comm)
-    if state is None or state.broken is not None or settings.current().check:
+def _bound_native(started, source, target, inplace, reduce_op) -> BoundNative | None:
+    """After a Start: where its call (`started`, its Request) runs MPI's own allreduce on the plan of its
+    shape, not as a trial of online tuning (what every rank's call does alike, at the same Start), MPI's
+    own persistent request of these arrays on a native plan of the request's own; else None, to ask
+    again at the next Start."""
+    native = getattr(started, "_execution", None)
+    if type(native) is not NativeInFlight or native.then is not None:  # a trial's then records its time
         return None
-    shared = state.repeats.get(repeat_key(op, algorithm, target, inplace))
-    if shared is None or shared.native is None:
+    state, own = native.state, native.own
+    if state.broken is not None or settings.current().check:
         return None
-    own = native_plan(reduce_op, shared.native.divide, state, target.size, target.dtype, shared.signature, None)
-    return BoundNative(own, state, source, target, inplace, shared.what)
+    bound = native_plan(reduce_op, own.divide, state, target.size, target.dtype, own.signature, None)
+    return BoundNative(bound, state, source, target, inplace, native.what)
 
 
 class PersistentRequest:
@@ -81,8 +81,8 @@ class PersistentRequest:
     __slots__ = ("_start", "_name", "_active", "_freed", "_bind", "_bound", "_comm")
 
     def __init__(self, start, name: str = "allreduce", bind=None, comm=None) -> None:
-        """`bind()`, tried after each Start until it gives one, returns a BoundNative that runs the
-        calls after (on communicator `comm`), or None."""
+        """`bind(request)`, tried after each Start (`request`: the call it started) until it gives one,
+        returns a BoundNative that runs the calls after (on communicator `comm`), or None."""
         self._start, self._name, self._bind, self._comm = start, name, bind, comm
         self._bound = None
         self._active = None  # the Request (or the BoundNative) of the call started, while one is
@@ -100,7 +100,7 @@ class PersistentRequest:
             return
         self._active = self._start()
         if self._bind is not None:  # a collective (it makes a communicator) under the thread rules, as any call
-            self._bound = in_call(self._comm, self._bind)
+            self._bound = in_call(self._comm, self._bind, self._active)
             if self._bound is not None:
                 self._bind = None
 
