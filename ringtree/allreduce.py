@@ -31,10 +31,11 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     RINGTREE_TIMEOUT) raises TimeoutError when the collective makes no progress
     for that long. Both must be the same on every rank.
     """
-    again = AGAIN["allreduce"].get(id(recvbuf))
-    if (again is not None and segment is check is timeout is None
-            and again.ran(sendbuf, op, None, comm, algorithm) is not MISSED):
-        return recvbuf
+    again = AGAIN["allreduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    if again is not None and segment is check is timeout is None:
+        ran = again.ran(sendbuf, op, None, comm, algorithm)
+        if ran is not MISSED:
+            return recvbuf if ran is None else ran
     return run("allreduce", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
 
 

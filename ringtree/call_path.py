@@ -34,6 +34,7 @@ from .runtime.again import (
     REPEATS_MAX,
     forget_bound,
     keep_again,
+    keep_new_result,
     repeat_key,
     repeat_of,
     steps_runner,
@@ -107,6 +108,7 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
         sendbuf, recvbuf, op = buffers
         if kept and (not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None)):
             return _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
+        new_result = kept and recvbuf is None and type(sendbuf) is NDARRAY  # the caller's, kept by its shape
         if recvbuf is None and type(sendbuf) is NDARRAY:
             # A new result array, so that a call shape seen before finds its plan (repeat_of) whatever the
             # arrays; not kept bound: the next call brings other arrays.
@@ -114,6 +116,8 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
             buffers = (sendbuf, recvbuf, op)
         hit = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking)
         if hit is not None:
+            if new_result and blocking and hit[0].native is not None:
+                keep_new_result(sendbuf, op, algorithm, comm, hit[1], hit[0].native, hit[0].what, confirm_end)
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
     key = _arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
     repeat = REPEATS.get(key) if key is not None else None

@@ -360,3 +360,41 @@ def test_a_communicator_made_unusable_is_refused_even_for_a_repeated_call(comm):
         allreduce(data, out, comm=dup)
     allreduce(data, out, comm=comm)
     assert_everywhere(comm, [] if (out == comm.Get_size()).all() else [f"got {out}"])
+
+
+def test_a_new_result_each_call_of_a_shape_seen_before_is_right_whatever_the_array(comm):
+    # Once a shape runs MPI's own, allreduce(x) with a new x each call is kept by its shape
+    # (again._NewResult): what the next x brings that the shape's calls do not share must still count.
+    private = comm.Dup()  # a state of its own, so that its small shapes settle in this test
+    rank = private.Get_rank()
+
+    def expected(data, op=MPI.SUM):
+        data = np.ascontiguousarray(data, data.dtype.newbyteorder("="))  # what MPI's own takes
+        out = np.empty_like(data)
+        private.Allreduce(data, out, op)
+        return out
+
+    failures = []
+    for step in range(150):  # past online tuning's trials of the shape
+        data = np.full(2, rank + step, np.float64)
+        result = allreduce(data, comm=private)
+        if result is data or not np.array_equal(result, expected(data)):
+            failures.append(f"call {step}: {result}")
+            break
+    others = {"2-D": np.full((1, 2), rank + 1.0), "a strided view": np.arange(4.0)[::2] + rank,
+              "read-only": np.full(2, rank + 2.0), "int64": np.full(2, rank + 3, np.int64),
+              "3 elements": np.full(3, rank + 4.0), "big-endian": np.full(2, rank + 5.0, ">f8")}
+    others["read-only"].flags.writeable = False
+    for name, data in others.items():
+        result = allreduce(data, comm=private)
+        if result.shape != data.shape or result.dtype != data.dtype or not np.array_equal(result, expected(data)):
+            failures.append(f"{name}: {result!r}")
+    result = allreduce(np.full(2, rank + 6.0), None, MPI.MAX, comm=private)
+    if not np.array_equal(result, expected(np.full(2, rank + 6.0), MPI.MAX)):
+        failures.append(f"max: {result}")
+    with pytest.raises(TypeError, match=f"on rank {rank}"):  # checked as a first call is
+        allreduce(np.full(2, "x", object), comm=private)
+    if not np.array_equal(allreduce(np.full(2, rank + 7.0), comm=private), expected(np.full(2, rank + 7.0))):
+        failures.append("after a refused call")
+    private.Free()
+    assert_everywhere(comm, failures)

@@ -19,14 +19,15 @@ from ..errors import PeerFailure
 from ..ops import ReduceOp
 from ..schedule.ir import COLLECTIVES
 from .in_flight import IN_FLIGHT
+from .native import run_native
 from .one_caller import intruded, one_caller
 from .stalls import WAITING, watched
 from .state import LAST
 from .stepwise import bound_steps, run_stepwise
 from .threads import FIRST_IN, THREADED, get_ident
 
-__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "REPEATS", "forget_bound", "keep_again", "steps_runner", "repeat_of",
-           "repeat_key"]
+__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "REPEATS", "forget_bound", "keep_again", "keep_new_result",
+           "steps_runner", "repeat_of", "repeat_key"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -87,21 +88,53 @@ class _Again:
                 and (self.source_dtype is None or first.dtype is self.source_dtype)
                 and (self.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
             return MISSED
+        return self._call(self.run)
+
+    def _call(self, run, *arguments):
+        """run(*arguments) as one_caller.in_call runs a call, its checks and watched() inlined."""
+        comm = self.comm
         if THREADED[1]:
-            return one_caller(comm, watched, self.run, self.what, confirm=self.confirm)
+            return one_caller(comm, watched, partial(run, *arguments), self.what, confirm=self.confirm)
         outer, FIRST_IN[0] = FIRST_IN[0], self.handle
         WAITING[0] = self.what
         try:
             if THREADED[1]:  # THREADED read again: a second thread has called since
-                ran = one_caller(comm, self.run, confirm=self.confirm)
+                ran = one_caller(comm, run, *arguments, confirm=self.confirm)
             else:
-                ran = self.run()
+                ran = run(*arguments)
         finally:
             FIRST_IN[0], WAITING[0] = outer, None
             WAITING[1] += 1
         if FIRST_IN[1] is not None:
             intruded()
         return ran
+
+
+class _NewResult(_Again):
+    """A blocking allreduce into a new result array each call (recvbuf None: a solver's dot product)
+    whose shape runs MPI's own: kept by its shape, not its arrays (AGAIN["allreduce"][id(None)]). A
+    call of the same op, algorithm and communicator on any C-contiguous array of the same dtype and
+    size runs the shape's plan on that array and a new one, which it returns."""
+
+    __slots__ = ("size", "own")
+
+    def __init__(self, source, op, algorithm, comm, state, own, what, confirm) -> None:
+        super().__init__(source, (source, op, None), algorithm, comm, state, None, True, run_native, what, confirm)
+        self.result = self.first = None  # no array held: each call brings its own
+        self.size, self.own = source.size, own
+
+    def ran(self, first, second, third, comm, algorithm):
+        state = self.state
+        if not (type(first) is NDARRAY and first.dtype is self.dtype and first.size == self.size
+                and first.flags.c_contiguous and second is self.second and comm is self.comm
+                and algorithm is self.algorithm and self.thread == get_ident() and state.broken is None):
+            return MISSED
+        result = np.empty_like(first)
+        if first.ndim == 1:
+            self._call(run_native, self.own, state, first, result, False)
+        else:
+            self._call(run_native, self.own, state, first.reshape(-1), result.reshape(-1), False)
+        return result
 
 
 # Each public function's (allreduce, iallreduce, broadcast, ...) by the id of its result array (two
@@ -151,6 +184,13 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     kept[id(result)] = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
                               first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what,
                               confirm)
+
+
+def keep_new_result(source, op, algorithm, comm, state, own, what, confirm) -> None:
+    """Keep a blocking allreduce into a new array on `source`, whose shape runs MPI's own plan `own`,
+    for the calls of its shape after it (_NewResult); `confirm` as for keep_again."""
+    if state.signatures or not THREADED[1]:
+        AGAIN["allreduce"][id(None)] = _NewResult(source, op, algorithm, comm, state, own, what, confirm)
 
 
 def _then(run, after) -> None:

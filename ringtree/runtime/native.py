@@ -57,9 +57,9 @@ class MPICollective(NamedTuple):
 
 
 def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
-    """Whether MPI reduces `dtype` with `op` everywhere: its predefined types, float16 aside (an
-    extension some MPI libraries lack)."""
-    if dtype.char == "e" or dtype.kind not in "biufc":
+    """Whether MPI reduces `dtype` with `op` everywhere: its predefined types in this machine's byte
+    order, float16 aside (an extension some MPI libraries lack)."""
+    if dtype.char == "e" or dtype.kind not in "biufc" or not dtype.isnative:
         return False
     try:
         MPI.Datatype.fromcode(dtype.char)
@@ -142,7 +142,8 @@ def run_native(own: MPICollective, state, source, target, in_place: bool) -> Non
         request.Start()
     seq = state.calls  # counted as every call is: a message of the next call must not look like one of this
     state.calls = seq + 1
-    _wait(request, state, seq, own.signature, (source, target))
+    if not request.Test():
+        _wait(request, state, seq, own.signature, (source, target))
     if buffer is not None:
         target[...] = buffer
     if own.average:
