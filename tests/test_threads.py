@@ -3,6 +3,7 @@ error when MPI does not let a second thread call."""
 
 import os
 import queue
+import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -62,6 +63,8 @@ def hammer(comm):
                     check(what, request.wait(), expected_there)
         except Exception as error:  # a failure in a thread must reach the assertion
             failures.append(f"thread {k}: {type(error).__name__}: {error}")
+            # and the output at once: the other ranks may then wait for this thread's calls for ever
+            print(f"rank {rank} {failures[-1]}", file=sys.stderr, flush=True)
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(THREADS)]
     for thread in threads:
