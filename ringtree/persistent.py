@@ -69,7 +69,9 @@ def _bound_native(started, source, target, inplace, reduce_op) -> BoundNative | 
     state, own = native.state, native.own
     if state.broken is not None or settings.current().check:
         return None
-    bound = native_plan(reduce_op, own.divide, state, target.size, target.dtype, own.signature, None)
+    # Made after the call began: the other ranks may already be in the next call, whose messages
+    # the waits must not take for this one's (the call's own number, not state.calls).
+    bound = native_plan(reduce_op, own.divide, state, target.size, target.dtype, own.signature, None, native.seq)
     return BoundNative(bound, state, source, target, inplace, native.what)
 
 

@@ -69,13 +69,14 @@ def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
 
 
 def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype, signature: Signature,
-                collective: Collective | None = ALLREDUCE) -> MPICollective:
+                collective: Collective | None = ALLREDUCE, seq: int | None = None) -> MPICollective:
     """What a plan of MPI's own calls of `count` elements of `collective` on `state`'s communicator holds
     (`op` None for one that reduces nothing): up to PERSISTENT_MAX bytes, a persistent request on
     buffers of its own, unless `collective` is None. Collective: every rank builds it at the same
     call, after the ranks agree on its signature (MPI matches the collectives that make it whatever
-    the calls they belong to)."""
-    seq = state.calls
+    the calls they belong to). `seq`: the number of that call, if it has begun (state.calls: the
+    next); its waits look for a mismatch in that call, and the ranks past it are not one."""
+    seq = state.calls if seq is None else seq
     mine = np.array([signature.code, count, -signature.code, -count], np.int64)
     low = np.empty_like(mine)
     _wait(state.control.Iallreduce(mine, low, MPI.MIN), state, seq, signature, (mine, low))
