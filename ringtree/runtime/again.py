@@ -130,10 +130,9 @@ class _NewResult(_Again):
                 and algorithm is self.algorithm and self.thread == get_ident() and state.broken is None):
             return MISSED
         result = np.empty_like(first)
-        if first.ndim == 1:
-            self._call(run_native, self.own, state, first, result, False)
-        else:
-            self._call(run_native, self.own, state, first.reshape(-1), result.reshape(-1), False)
+        flat = first.ndim == 1  # a 1-D array is its own flat view: no reshape to pay for
+        self._call(self.run, self.own, state, first if flat else first.reshape(-1), result if flat else result.reshape(-1),
+                   False)
         return result
 
 
