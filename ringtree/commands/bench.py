@@ -3,8 +3,10 @@ allreduce, or with --collective reduce_scatter, allgather, broadcast or reduce (
 Reduce_scatter_block, Allgather, Bcast and Reduce).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
-size, each algorithm's result is first checked against `native` (the MPI
-library's own Allreduce) on the same data. Then the algorithms take turns,
+size, each algorithm makes its --warmup calls back to back, as the timing
+runs them, and then one call from the input, whose result is checked against
+`native` (the MPI library's own Allreduce) on the same data. Then the
+algorithms take turns,
 repetition by repetition, in an order shuffled for each repetition, so drift
 of a shared machine hits them alike. A turn is a barrier and then a batch of
 back-to-back calls, as in nccl-tests (calls for about a millisecond, or
@@ -177,7 +179,13 @@ def _written(args, comm, rows: list[dict], baseline) -> list[dict]:
 def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) -> tuple[dict, dict]:
     """Each case's median seconds per call, the slowest rank's, timed in turns, and the elements its
     result got wrong against MPI's own on the same inputs (every rank's together), after `warmup`
-    untimed calls of each. `cases`: label -> (algorithm, segment)."""
+    untimed calls of each. `cases`: label -> (algorithm, segment).
+
+    The warm-up calls run as the timed ones do, back to back with nothing between them (in place,
+    each on the last one's result): `auto`'s online tuning times its trials there, and an in-place
+    call whose buffer MPI last wrote is up to 2x slower for ringtree's engine than one on a buffer the
+    program just wrote (docs/performance.md), so trials on freshly restored input chose for another
+    pattern than the one timed."""
     inplace, cupy = getattr(args, "inplace", False), getattr(args, "cupy", False)  # tune's arguments have neither
     send, out, expected = _buffers(comm, name, count, dtype, op, cupy)
     original = out.copy()
@@ -185,16 +193,17 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
              for label, (algorithm, segment) in cases.items()}
     checked = name != "reduce" or comm.Get_rank() == 0  # a reduce's other ranks get nothing
     wrong = []
-    for call in calls.values():
-        for _ in range(warmup + 1):
-            out[...] = original  # in place, every call must start from the input again
-            call()
-        got = out.get() if cupy else out
-        wrong.append(np.count_nonzero(got != expected) if checked else 0)
-    wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
     # In place every call adds into the last result, so the values grow until they overflow to inf,
     # which changes neither the work nor its time: numpy need not warn about it.
     with np.errstate(over="ignore" if inplace else "warn"):
+        for call in calls.values():
+            for _ in range(warmup):
+                call()
+            out[...] = original  # the checked call starts from the input
+            call()
+            got = out.get() if cupy else out
+            wrong.append(np.count_nonzero(got != expected) if checked else 0)
+        wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
         return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong
 
 
