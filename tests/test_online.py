@@ -12,7 +12,7 @@ import ringtree
 from conftest import assert_everywhere, run_mpiexec, same_on_all_ranks
 from ringtree import settings
 from ringtree.algorithms import ALGORITHMS
-from ringtree.runtime import native
+from ringtree.runtime import again, native
 from ringtree.runtime.state import comm_state
 from ringtree.tuning import cache
 from ringtree.tuning.model import Params
@@ -219,6 +219,41 @@ def test_small_native_calls_go_through_persistent_requests_that_the_communicator
     comm.Free()
     if len(persistent) != 4 or any(persistent):  # one per small count and dtype, in place or not; freed
         failures.append(f"{len(persistent)} persistent requests, {sum(map(bool, persistent))} left after Free")
+    assert_everywhere(world, failures)
+
+
+@pytest.mark.mpi
+def test_larger_calls_repeated_on_the_same_arrays_that_run_mpis_own_are_kept_bound_and_see_what_changed(
+        monkeypatch, tmp_path):
+    # Between AGAIN_MAX and NATIVE_AGAIN_MAX bytes only MPI's own blocking allreduce is kept bound to
+    # its arrays (again.py): a repeat must still see a new dtype, a read-only array, new data.
+    world = MPI.COMM_WORLD
+    comm = _where_native_is_fastest(monkeypatch, tmp_path)
+    rank, size = world.Get_rank(), world.Get_size()
+    count = 2 * again.AGAIN_MAX // 8
+    data, out = np.full(count, rank + 1, np.int64), np.empty(count, np.int64)
+    failures = []
+    for call in range(60):  # past the trials: then kept
+        data[-1] = call
+        ringtree.allreduce(data, out, comm=comm)
+        if out[0] != size * (size + 1) // 2 or out[-1] != size * call:
+            failures.append(f"call {call}: {out[[0, -1]]}")
+            break
+    if again.AGAIN["allreduce"].get(id(out)) is None:
+        failures.append("not kept bound")
+    out.dtype = np.float64
+    with pytest.raises(TypeError, match=f"on rank {rank}.*dtype"):
+        ringtree.allreduce(data, out, comm=comm)
+    out.dtype = np.int64
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ringtree.allreduce(data, out, comm=comm)
+    out.flags.writeable = True
+    data[...] = rank
+    ringtree.allreduce(data, out, comm=comm)
+    if not (out == size * (size - 1) // 2).all():
+        failures.append(f"after the refusals: {out[:3]}")
+    comm.Free()
     assert_everywhere(world, failures)
 
 

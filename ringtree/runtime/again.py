@@ -138,10 +138,13 @@ class _NewResult(_Again):
 
 # Each public function's (allreduce, iallreduce, broadcast, ...) by the id of its result array (two
 # collectives' calls on one array may take turns in a loop). Holding the arrays keeps them alive,
-# so only small ones, and a few.
+# so only small ones (AGAIN_ENTRIES of at most NATIVE_AGAIN_MAX bytes), and a few.
 AGAIN: dict[str, dict[int, _Again]] = {name: {} for collective in COLLECTIVES for name in (collective,
                                                                                           "i" + collective)}
 AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
+# bytes, where the run is MPI's own blocking collective, which takes so much less time than a
+# schedule's run that up to here the checks still weigh over 5 % of it (docs/performance.md)
+NATIVE_AGAIN_MAX = 1 << 20
 AGAIN_ENTRIES = 16
 
 # Calls by their arguments' ids and values (call_path._arguments_key): what a call shares with the
@@ -166,10 +169,12 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
                native: bool = True) -> None:
     """Keep the `run` of a call of collective `name` on `buffers` (a started call's: its start), bound to
     the caller's arrays, for its repeats on them (_Again): where they are numpy arrays of up to
-    AGAIN_MAX bytes in all, `result` (what it returns) one of them, and its other arguments values or
-    arrays (a reduce compares its root on every call). `native`: a blocking run waits in MPI's own
-    only; `confirm`: one_caller's for a blocking call."""
-    if name == "reduce" or nbytes > AGAIN_MAX or not (state.signatures or not THREADED[1]):
+    AGAIN_MAX bytes in all (NATIVE_AGAIN_MAX where a blocking run waits in MPI's own), `result` (what
+    it returns) one of them, and its other arguments values or arrays (a reduce compares its root on
+    every call). `native`: a blocking run waits in MPI's own only; `confirm`: one_caller's for a
+    blocking call."""
+    largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
+    if name == "reduce" or nbytes > largest or not (state.signatures or not THREADED[1]):
         return
     own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
     if result is not own or type(result) is not NDARRAY or not all(
