@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["Backoff", "wait_until", "LOOK_EVERY", "SPINS_BEFORE_YIELD", "SPINS_BEFORE_SLEEP", "SLEEP_SECONDS"]
+__all__ = ["Backoff", "settled", "wait_until", "backed_off", "LOOK_EVERY", "SPINS_BEFORE_YIELD", "SPINS_BEFORE_SLEEP",
+           "SLEEP_SECONDS"]
 
 # Empty polls before yielding the core: long enough not to slow a dedicated core's fast path.
 SPINS_BEFORE_YIELD = 20
@@ -51,24 +52,35 @@ class Backoff:
         return idle % LOOK_EVERY == 0
 
 
+def settled(done, progress=None) -> bool:
+    """Whether `done()` comes true within the first polls of a wait, before any back-off (`progress` as
+    for wait_until): most waits of a small call end there, and their callers then make nothing a
+    longer wait needs."""
+    spins = 0
+    while not done():
+        if progress is not None and progress():
+            spins = 0
+        else:
+            spins += 1
+            if spins == SPINS_BEFORE_YIELD:
+                return False
+    return True
+
+
 def wait_until(done, progress=None, quiet: float = 0.0, watch: tuple = ()) -> None:
     """The one loop of every wait outside the engine's: poll until `done()` is true, backing off while
     nothing moves (`quiet` as for Backoff). `progress()`, if given, moves the collectives in flight
     between polls and says whether any moved (in_flight.progress_others). `watch`, if given, is
     (mismatch.Watch, its arguments...): the Watch made once idle, whose look() the wait calls when
     the back-off says (a tuple, not a closure: a small call's wait makes nothing it does not use)."""
-    spins = 0
-    while not done():  # most waits of a small call end within the first polls
-        if progress is not None and progress():
-            spins = 0
-        else:
-            spins += 1
-            if spins == SPINS_BEFORE_YIELD:
-                break
-    else:
-        return
+    if not settled(done, progress):
+        backed_off(done, progress, quiet, watch)
+
+
+def backed_off(done, progress=None, quiet: float = 0.0, watch: tuple = ()) -> None:
+    """wait_until's wait after settled() said no: from the first back-off on."""
     backoff, looking = Backoff(quiet), None
-    backoff.idle = spins
+    backoff.idle = SPINS_BEFORE_YIELD
     while not done():
         if progress is not None and progress():
             backoff.moved()

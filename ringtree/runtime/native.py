@@ -15,7 +15,7 @@ from ..errors import MismatchError
 from ..ops import MPI_OP, ReduceOp
 from ..schedule.ir import ALLREDUCE, Collective
 from ..tuning.online import Tuner
-from .backoff import wait_until
+from .backoff import backed_off, settled
 from .in_flight import progress_others
 from .mismatch import Signature, Watch, differing, everywhere
 from .stalls import watched
@@ -143,7 +143,7 @@ def run_native(own: MPICollective, state, source, target, in_place: bool) -> Non
         request.Start()
     seq = state.calls  # counted as every call is: a message of the next call must not look like one of this
     state.calls = seq + 1
-    if not request.Test():
+    if not settled(request.Test, progress_others):
         _wait(request, state, seq, own.signature, (source, target))
     if buffer is not None:
         target[...] = buffer
@@ -157,7 +157,7 @@ def run_started(own: MPICollective, state, start, target, what) -> None:
     request = start(own.comm)
     seq = state.calls  # counted as every call is (run_native)
     state.calls = seq + 1
-    if not request.Test():
+    if not settled(request.Test, progress_others):
         watched(partial(_wait, request, state, seq, own.signature, (target,)), what)
     if own.average:
         own.divide(target, state.size)
@@ -180,7 +180,7 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
             request.Start()
             seq = state.calls
             state.calls = seq + 1
-            if not test():
+            if not settled(test, progress_others):
                 _wait(request, state, seq, signature, ())
             out[:] = received
         return run_one
@@ -191,7 +191,7 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
         request.Start()
         seq = state.calls  # counted as every call is (run_native)
         state.calls = seq + 1
-        if not test():
+        if not settled(test, progress_others):
             _wait(request, state, seq, signature, ())
         if roots is not None and roots[0] != roots[1]:
             _roots_differ(state, root, seq)
@@ -251,7 +251,7 @@ class NativeInFlight:
     def wait(self) -> None:
         if self.done:
             return
-        if not self.request.Test():
+        if not settled(self.request.Test, progress_others):
             watched(partial(_wait, self.request, self.state, self.seq, self.own.signature,
                             (self.source, self.target)), self.what)
         self._complete()
@@ -353,12 +353,13 @@ def _roots_differ(state, root: int, seq: int):
 
 
 def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:
-    """Poll `request` to completion (under MPICH faster than MPI's Wait, which also could not be
-    left): with collectives in flight, progressing them; when idle, looking for a mismatch. Left by
+    """Poll `request`, which settled() did not see done, to completion (under MPICH faster than MPI's
+    Wait, which also could not be left): with collectives in flight, progressing them; when idle,
+    looking for a mismatch. Left by
     a mismatch, the request stays in flight, so its `arrays` are kept with the broken communicator's
     state: MPI may still write into them (a peer's part of the collective, arriving late)."""
     try:
-        wait_until(request.Test, progress_others, QUIET_SECONDS, (Watch, state, seq, signature, None, True))
+        backed_off(request.Test, progress_others, QUIET_SECONDS, (Watch, state, seq, signature, None, True))
     except MismatchError:
         state.abandoned.append((request, arrays))
         raise
