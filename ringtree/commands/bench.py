@@ -6,9 +6,8 @@ In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm makes its --warmup calls back to back, as the timing
 runs them, and then one call from the input, whose result is checked against
 `native` (the MPI library's own Allreduce) on the same data. Then the
-algorithms take turns,
-repetition by repetition, in an order shuffled for each repetition, so drift
-of a shared machine hits them alike. A turn is a barrier and then a batch of
+algorithms take turns, repetition by repetition, in an order shuffled for
+each repetition, so drift of a shared machine hits them alike. A turn is a barrier and then a batch of
 back-to-back calls, as in nccl-tests (calls for about a millisecond, or
 --batch seconds); its time per call is the slowest rank's, and the table shows
 the median over repetitions. With --passes N the whole grid is timed N times
@@ -182,10 +181,9 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
     untimed calls of each. `cases`: label -> (algorithm, segment).
 
     The warm-up calls run as the timed ones do, back to back with nothing between them (in place,
-    each on the last one's result): `auto`'s online tuning times its trials there, and an in-place
-    call whose buffer MPI last wrote is up to 2x slower for ringtree's engine than one on a buffer the
-    program just wrote (docs/performance.md), so trials on freshly restored input chose for another
-    pattern than the one timed."""
+    each on the last one's result): `auto`'s online tuning times its trials there, and ringtree's
+    engine takes up to 2x as long in place on the last call's result as on input the program just
+    wrote (docs/performance.md), so trials on restored input chose for another pattern."""
     inplace, cupy = getattr(args, "inplace", False), getattr(args, "cupy", False)  # tune's arguments have neither
     send, out, expected = _buffers(comm, name, count, dtype, op, cupy)
     original = out.copy()

@@ -355,9 +355,9 @@ def _roots_differ(state, root: int, seq: int):
 def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:
     """Poll `request`, which settled() did not see done, to completion (under MPICH faster than MPI's
     Wait, which also could not be left): with collectives in flight, progressing them; when idle,
-    looking for a mismatch. Left by
-    a mismatch, the request stays in flight, so its `arrays` are kept with the broken communicator's
-    state: MPI may still write into them (a peer's part of the collective, arriving late)."""
+    looking for a mismatch. Left by a mismatch, the request stays in flight, so its `arrays` are kept
+    with the broken communicator's state: MPI may still write into them (a peer's part of the
+    collective, arriving late)."""
     try:
         backed_off(request.Test, progress_others, QUIET_SECONDS, (Watch, state, seq, signature, None, True))
     except MismatchError:
