@@ -10,10 +10,10 @@ algorithms take turns, repetition by repetition, in an order shuffled for
 each repetition, so drift of a shared machine hits them alike. A turn is a
 barrier and then a batch of back-to-back calls, as in nccl-tests (calls for
 about a millisecond, or --batch seconds); its time per call is the slowest
-rank's, and the table shows the median over repetitions. With --passes N the whole grid is timed N times
-(every other pass from the largest size down) and each case shows the median
-of its passes: on a shared machine whose speed moves for seconds at a time, a
-size then rests on more than one moment.
+rank's, and the table shows the median over repetitions. With --passes N the
+whole grid is timed N times (every other pass from the largest size down) and
+each case shows the median of its passes: on a shared machine whose speed
+moves for seconds at a time, a size then rests on more than one moment.
 
 With --cupy the buffers are CuPy arrays on the current GPU, and each call
 ends when the GPU has finished it. `roundtrip` is then what a program without
