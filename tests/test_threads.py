@@ -154,6 +154,55 @@ def test_threads_that_take_turns_on_one_communicator_in_the_same_order_on_every_
     _every_rank_says(nranks, TAKING_TURNS, "0 wrong of 130; confirmed [0, 20, 64, 20]", "every rank")
 
 
+HANDED_ON = """
+    import queue, threading, time
+    import numpy as np
+    from mpi4py import MPI
+    from ringtree.allreduce import allreduce, iallreduce
+    comm = MPI.COMM_WORLD.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    handed, wrong, errors = queue.Queue(), [], []
+
+    def total(call):
+        return size * call + size * (size - 1) // 2
+
+    def waiter():
+        try:
+            for request, call in iter(handed.get, None):
+                wrong.append(not (request.wait() == total(call)).all())
+        except Exception as error:
+            errors.append(f"{type(error).__name__}: {error}")
+
+    def caller():
+        try:
+            for call in range(300):
+                big = np.full(1 << 15, rank + call)  # in 64 messages, which the waiter's polls move on
+                handed.put((iallreduce(big, comm=comm, algorithm="ring", segment=1 << 12), call))
+                time.sleep(np.random.default_rng((rank, call)).uniform(0, 0.002))  # at any point of that call
+                small = np.full(128, rank + call)
+                allreduce(MPI.IN_PLACE, small, comm=comm, algorithm="ring")
+                wrong.append(not (small == total(call)).all())
+        except Exception as error:
+            errors.append(f"{type(error).__name__}: {error}")
+        handed.put(None)
+
+    threads = [threading.Thread(target=waiter), threading.Thread(target=caller)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(f"rank {rank}: {errors[0] if errors else f'{sum(wrong)} wrong of {len(wrong)}'}")
+"""
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_small_call_while_another_thread_waits_on_a_request_on_its_communicator_takes_none_of_its_messages(nranks):
+    # A small blocking call runs a step at a time only once no collective of the engine runs: its
+    # receives take any tag, and would take the request's messages (runtime/stepwise.py).
+    _every_rank_says(nranks, HANDED_ON, "0 wrong of 600")
+
+
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 def test_ranks_where_different_numbers_of_threads_call_on_a_communicator_are_told_so():
     # Rank 0 hands its calls to other threads, rank 1 makes them itself: rank 0 then confirms each

@@ -86,7 +86,7 @@ class _Again:
                 and algorithm is self.algorithm and self.thread == get_ident() and state.broken is None
                 and result.flags.writeable and result.dtype is self.dtype
                 and (self.source_dtype is None or first.dtype is self.source_dtype)
-                and (self.native or not (IN_FLIGHT.requests or IN_FLIGHT.queued))):
+                and (self.native or not IN_FLIGHT.running)):
             return MISSED
         return self._call(self.run)
 
@@ -211,7 +211,7 @@ def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, bl
     last = LAST[0]  # read once: another thread may change it
     if ((get_ident() != THREADED[0] and not THREADED[1])  # a second thread's first call: allreduce notes it
             or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
-            or type(algorithm) is not str or (blocking and (IN_FLIGHT.requests or IN_FLIGHT.queued))
+            or type(algorithm) is not str or (blocking and IN_FLIGHT.running)
             or (WORLD if comm is None else comm) is not last[0]):
         return None
     state = last[1]

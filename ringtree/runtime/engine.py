@@ -74,6 +74,7 @@ class Execution:
         self.remote, self.peer_keys = state.remote, state.peer_keys
         self.released: dict = {}  # per send to another node in flight whose dependents went on: the copy it sends
         self.copies = state.send_copies  # by size in bytes: copies of sends done, for the next ones
+        IN_FLIGHT.running.add(self)
         self._run(list(compiled.first_ready))
         if self.remaining == 0:
             self._complete()
@@ -201,6 +202,7 @@ class Execution:
 
     def _complete(self) -> None:
         self.done = True
+        IN_FLIGHT.running.discard(self)
         self.finish()
 
     def give_up(self, error: Exception) -> None:

@@ -35,6 +35,9 @@ class InFlight:
         self.owners: list[tuple] = []
         self.statuses: list[MPI.Status] = []  # Testsome fills them: the size of each message received
         self.queued: list[tuple] = []  # reductions and copies still running
+        # Executions neither done nor abandoned. Not `requests`: that is empty for a moment between a
+        # message's completion and the next one's post, in which another thread may look.
+        self.running: set = set()
         self.remote_sends = RemoteSends()
 
     def add(self, request: MPI.Request, execution, op: int) -> None:
@@ -155,6 +158,7 @@ class InFlight:
         self.requests = [self.requests[k] for k in keep]
         self.owners = [self.owners[k] for k in keep]
         self.queued = [entry for entry in self.queued if entry[1] is not execution]
+        self.running.discard(execution)
         execution.state.broken = execution.failed = error
         execution.state.abandoned.append(execution)  # its arrays: a send let go may still be read, a late message land
         for key in freed:  # its sends let go leave their places to others' held ones

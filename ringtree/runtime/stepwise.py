@@ -39,10 +39,11 @@ SEND, RECV, REDUCE, COPY = OpKind.SEND, OpKind.RECV, OpKind.REDUCE, OpKind.COPY
 
 
 def may_step(state, timeout) -> bool:
-    """Whether a blocking call may run a step at a time now: no timeout (its waits keep none), nothing
-    else in flight for its waits to progress, no timeline to record, and a mismatch visible to its
-    waits (with threads and signatures off, a step waits inside MPI, where no other thread may)."""
-    return (timeout is None and not (IN_FLIGHT.requests or IN_FLIGHT.queued) and not timeline.ACTIVE
+    """Whether a blocking call may run a step at a time now: no timeout (its waits keep none), no
+    engine's collective running (a receive of any tag would take its messages), no timeline to
+    record, and a mismatch visible to its waits (with threads and signatures off, a step waits inside
+    MPI, where no other thread may)."""
+    return (timeout is None and not IN_FLIGHT.running and not timeline.ACTIVE
             and (state.signatures or not THREADED[1]))
 
 
