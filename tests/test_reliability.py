@@ -191,7 +191,7 @@ NEVER_JOINS = """
     from ringtree.allreduce import allreduce
     comm, folder = MPI.COMM_WORLD, pathlib.Path(sys.argv[2])
     timeout = None if sys.argv[1] == "env" else float(sys.argv[1])  # "env": RINGTREE_TIMEOUT sets it
-    check = sys.argv[3:] == ["check"]
+    check, broadcast = "check" in sys.argv[3:], "broadcast" in sys.argv[3:]
     rank, missing = comm.Get_rank(), comm.Get_size() - 1
     allreduce(np.ones(4))  # sets the communicator up: every rank takes part
     if rank == missing:
@@ -200,7 +200,12 @@ NEVER_JOINS = """
         report = []
         started = time.perf_counter()
         try:
-            allreduce(np.ones(777 if check else 100_000, np.float32), timeout=timeout, check=check)
+            if broadcast:
+                # every rank waits on every other (a binomial tree's would be done): no comparison first
+                ringtree.broadcast(np.ones(100_000, np.float32), algorithm="scatter_allgather", timeout=timeout,
+                                   check=False)
+            else:
+                allreduce(np.ones(777 if check else 100_000, np.float32), timeout=timeout, check=check)
         except ringtree.TimeoutError as error:
             report.append(f"after {time.perf_counter() - started:.2f} s: {error}")
         try:
@@ -212,11 +217,13 @@ NEVER_JOINS = """
 
 
 @one_rank_only
-@pytest.mark.parametrize("nranks, how", [(2, "argument"), (4, "argument"), (3, "environment")])
-def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout_and_a_second(nranks, how, tmp_path):
+@pytest.mark.parametrize("nranks, how, collective", [(2, "argument", "allreduce"), (4, "argument", "allreduce"),
+                                                     (3, "environment", "allreduce"), (3, "argument", "broadcast")])
+def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout_and_a_second(nranks, how, collective,
+                                                                                               tmp_path):
     timeout = 2.0
     if how == "argument":
-        run, _ = _run_script(nranks, NEVER_JOINS, str(timeout), str(tmp_path))
+        run, _ = _run_script(nranks, NEVER_JOINS, str(timeout), str(tmp_path), collective)
     else:
         run, _ = _run_script(nranks, NEVER_JOINS, "env", str(tmp_path), env={"RINGTREE_TIMEOUT": str(timeout)})
     assert run.returncode == 0, run.stdout + run.stderr
@@ -225,6 +232,7 @@ def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout
         after, following = (tmp_path / f"rank-{rank}.txt").read_text().split("\n")
         seconds = float(after.split()[1])
         assert timeout <= seconds <= timeout + 1, after
+        assert after.split(": ", 1)[1].startswith(f"ringtree {collective} #"), after  # whichever collective it was
         assert f"not in any ringtree collective on this communicator: rank {missing}" in after, after
         assert "made no progress for 2 s; it waits for op" in after, after
         assert following.startswith(f"next call: ringtree on rank {rank}: this communicator is unusable"), following

@@ -32,16 +32,17 @@ def failing(classes: list[int]) -> int:
     return next((i for i, c in enumerate(classes) if c not in NOT_FAILED), 0)
 
 
-def translated(classes: list[int], comm, on_a_message: bool = False, peer: int | None = None) -> Exception | None:
-    """ringtree's error for MPI error classes: a message larger than its receive, a failed peer
-    (ULFM), or, `on_a_message`, any other error on one of the collective's messages (with `peer`,
-    where it is known); None for any other error."""
+def translated(classes: list[int], comm, collective: str, on_a_message: bool = False,
+               peer: int | None = None) -> Exception | None:
+    """ringtree's error for MPI error classes in a call of `collective` (its name): a message larger
+    than its receive, a failed peer (ULFM), or, `on_a_message`, any other error on one of the
+    collective's messages (with `peer`, where it is known); None for any other error."""
     if MPI.ERR_TRUNCATE in classes:
-        return _did_not_fit(comm)
+        return _did_not_fit(comm, collective)
     if any(c in PEER_FAILED for c in classes):
-        return _peer_failure(comm)
+        return _peer_failure(comm, collective)
     if on_a_message:
-        return _peer_lost(comm, peer, classes[failing(classes)])
+        return _peer_lost(comm, collective, peer, classes[failing(classes)])
     return None
 
 
@@ -51,7 +52,7 @@ def source(status: MPI.Status, comm) -> int | None:
     return rank if 0 <= rank < comm.Get_size() else None
 
 
-def _peer_failure(comm) -> PeerFailure:
+def _peer_failure(comm, collective: str) -> PeerFailure:
     """Which ranks failed, as far as this rank knows; and revoke ringtree's communicator, so that the
     survivors still waiting on it stop too, and raise this as well."""
     try:
@@ -64,13 +65,13 @@ def _peer_failure(comm) -> PeerFailure:
         comm.Revoke()
     except MPI.Exception:
         pass
-    return PeerFailure(f"ringtree allreduce on rank {comm.Get_rank()}: "
+    return PeerFailure(f"ringtree {collective} on rank {comm.Get_rank()}: "
                        + (f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed" if failed
                           else "a rank failed (the MPI did not say which)")
                        + "; the communicator can be shrunk to the survivors (comm.Shrink()) to go on", failed)
 
 
-def _peer_lost(comm, peer: int | None, error_class: int) -> PeerFailure:
+def _peer_lost(comm, collective: str, peer: int | None, error_class: int) -> PeerFailure:
     """An MPI without ULFM failed a message with `peer`: that rank most likely died, and its
     launcher may not end the job before this rank's MPI_Finalize waits for it forever. End the job
     when this process exits. (MPICH's revoke without fault tolerance crashes or hangs the survivors'
@@ -79,7 +80,7 @@ def _peer_lost(comm, peer: int | None, error_class: int) -> PeerFailure:
         _ENDING_THE_JOB.append(comm.Get_rank())
         atexit.register(_end_the_job)  # after mpi4py's own exit handler, so it runs before MPI_Finalize
     which = f"rank {peer}" if peer is not None else "a rank"
-    return PeerFailure(f"ringtree allreduce on rank {comm.Get_rank()}: the MPI failed a message with {which} "
+    return PeerFailure(f"ringtree {collective} on rank {comm.Get_rank()}: the MPI failed a message with {which} "
                        f"({MPI.Get_error_string(error_class)}): that rank has most likely died. This MPI cannot go "
                        "on without it, so ringtree ends the job (MPI_Abort) when this process exits",
                        [] if peer is None else [peer])
@@ -100,5 +101,5 @@ def _end_the_job() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
-def _did_not_fit(comm) -> MismatchError:
-    return MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: a message was larger than its receive")
+def _did_not_fit(comm, collective: str) -> MismatchError:
+    return MismatchError(f"ringtree {collective} on rank {comm.Get_rank()}: a message was larger than its receive")

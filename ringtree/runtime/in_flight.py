@@ -104,7 +104,7 @@ class InFlight:
         at = finished[bad] if bad < len(finished) else 0  # not known: the oldest request's
         execution = self.owners[at][0]
         peer = source(statuses[bad], execution.comm) if in_status and bad < len(statuses) else None
-        ours = translated(classes, execution.comm, in_status, peer)
+        ours = translated(classes, execution.comm, execution.signature.collective, in_status, peer)
         if ours is None:
             raise error
         fine = [(i, status) for i, status, c in zip(finished, statuses, classes)

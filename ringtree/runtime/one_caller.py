@@ -113,5 +113,5 @@ def second_thread(comm, other: int | None):
               "two threads do not give: let each thread use a communicator of its own (comm.Dup())")
     state = existing_state(communicator)
     if state is None:
-        raise MismatchError(f"ringtree allreduce on rank {communicator.Get_rank()}: {reason}")
+        raise MismatchError(f"ringtree on rank {communicator.Get_rank()}: {reason}")
     raise everywhere(state, state.calls, UNKNOWN, reason, reason)

@@ -45,7 +45,7 @@ def timed_out(execution, waiting: list[int], timeout: float) -> TimeoutError:
     present = _ask_who_is_here(state, seq)
     missing = [r for r in range(state.size) if r != state.rank and r not in present]
     elsewhere = {r: s for r, s in present.items() if s != seq}
-    text = (f"ringtree allreduce #{seq} on rank {state.rank} of {state.comm.Get_name()} "
+    text = (f"ringtree {schedule.collective.name} #{seq} on rank {state.rank} of {state.comm.Get_name()} "
             f"({schedule.algorithm}, {schedule.count} elements) made no progress for {timeout:g} s")
     if waiting:
         op = schedule.ops[waiting[0]]

@@ -90,7 +90,7 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
     comm = state.comm
     tag = state.next_tag(signature.code)
     if not state.signatures:
-        _run_blocking(steps, reduce, copy, comm, tag)
+        _run_blocking(steps, reduce, copy, comm, tag, signature.collective)
         return
     status = steps[0]
     received = sent = None
@@ -141,7 +141,7 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
     except MPI.Exception as error:
         _cancel(received, sent, state, steps)
         peer = step[4] if step[0] is EXCHANGE else step[2]  # an exchange names the rank it receives from
-        ours = translated(error_classes(error, [status]), comm, True, peer)
+        ours = translated(error_classes(error, [status]), comm, signature.collective, True, peer)
         if ours is None:
             raise
         if isinstance(ours, MismatchError):
@@ -213,9 +213,9 @@ def _expected(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Sta
     raise Evidence("", source, status.Get_tag())
 
 
-def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int) -> None:
+def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: int, collective: str) -> None:
     """The steps with blocking MPI, each receive of `tag` only (RINGTREE_SIGNATURES=0); a send alone
-    to another node synchronous, as every other send there."""
+    to another node synchronous, as every other send there. Its errors name `collective`."""
     status = steps[0]
     try:
         for step in steps[1:]:
@@ -224,7 +224,7 @@ def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: i
                 _, send, to, receive, source, nbytes, _ = step
                 comm.Sendrecv(send, to, tag, receive, source, tag, status)
                 if status.Get_count(BYTE) != nbytes:
-                    raise MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: "
+                    raise MismatchError(f"ringtree {collective} on rank {comm.Get_rank()}: "
                                         + wrong_size(source, status.Get_count(BYTE), nbytes))
             elif kind is REDUCE:
                 _, left, right, out = step
@@ -237,11 +237,11 @@ def _run_blocking(steps: tuple[tuple, ...], reduce, copy, comm: MPI.Comm, tag: i
                 _, message, source, nbytes = step
                 comm.Recv(message, source, tag, status)
                 if status.Get_count(BYTE) != nbytes:
-                    raise MismatchError(f"ringtree allreduce on rank {comm.Get_rank()}: "
+                    raise MismatchError(f"ringtree {collective} on rank {comm.Get_rank()}: "
                                         + wrong_size(source, status.Get_count(BYTE), nbytes))
     except MPI.Exception as error:
         peer = step[4] if step[0] is EXCHANGE else step[2]  # an exchange names the rank it receives from
-        ours = translated(error_classes(error, [status]), comm, True, peer)
+        ours = translated(error_classes(error, [status]), comm, collective, True, peer)
         if ours is None:
             raise
         raise ours from None

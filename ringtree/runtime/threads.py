@@ -44,7 +44,7 @@ def note_thread(comm: MPI.Comm) -> bool:
     level = MPI.Query_thread()
     if level < MPI.THREAD_MULTIPLE:
         raise RuntimeError(
-            f"ringtree allreduce on rank {comm.Get_rank()}: a second thread calls ringtree, but MPI was initialised with "
+            f"ringtree on rank {comm.Get_rank()}: a second thread calls ringtree, but MPI was initialised with "
             f"{_LEVELS.get(level, level)}, which lets only one thread call MPI; initialise it with "
             "MPI_THREAD_MULTIPLE (mpi4py's default; mpi4py.rc.thread_level = 'multiple'), or call ringtree from "
             "the thread that first did")
