@@ -3,11 +3,11 @@ checked into a Prepared (collective_args.py), finds or builds its plan (kept per
 communicator's state) and runs, blocking or started. The public functions, blocking, nonblocking and
 persistent, are each a line over `run`.
 
-A call repeated on the same arguments finds what it shares with the calls before it (REPEATS, by
-their ids) after only the checks that its arrays can fail in place; an allreduce of new arrays of a
-shape seen before finds its plan (again.repeat_of); a blocking call repeated on the same small arrays
-runs bound to them (again.AGAIN, which the public functions look up before any of this), MPI's own
-through its plan's persistent request. docs/design.md, "The call path".
+A call finds what it shares with the calls before it on the same arguments (again.REPEATS, by
+their ids) after only the checks that its arrays can fail in place, and with those of its shape
+(again.SHAPES) after the checks of its arguments, or for an allreduce of numpy arrays, only those that
+new arrays can fail (again.repeat_of). A blocking call repeated on the same small arrays runs bound to
+them (again.AGAIN, which the public functions look up first). docs/design.md, "The call path".
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ from .request import Request
 from .runtime import agreement
 from .runtime.again import (
     AGAIN,
-    BY_ID,
-    BY_VALUE,
     REPEATS,
     REPEATS_MAX,
+    SHAPES,
+    arguments_key,
     forget_bound,
     keep_again,
     keep_new_result,
-    repeat_key,
     repeat_of,
     steps_runner,
 )
@@ -119,7 +118,7 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
             if new_result and blocking and hit[0].native is not None:
                 keep_new_result(sendbuf, op, algorithm, comm, hit[1], hit[0].native, hit[0].what, confirm_end)
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
-    key = _arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
+    key = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
     repeat = REPEATS.get(key) if key is not None else None
     if repeat is not None:
         for array, dtype, written in repeat.arrays:  # a loop: a generator's set-up costs more than the few arrays
@@ -183,24 +182,6 @@ def _start(repeat: _Repeat) -> Request:
     return Request(execution, call.result, repeat.after)
 
 
-def _arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
-    """The key of a call whose arrays are numpy's own and whose other arguments are plain values;
-    None for any other (tensors, buffer specifications). A blocking call and a started one differ:
-    the first may run through its plan's persistent request (native_runner)."""
-    parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
-    for value in buffers:
-        kind = type(value)
-        if kind in BY_ID:
-            parts.append(id(value))
-        elif kind in BY_VALUE:
-            parts.append(value)
-        elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
-            parts.append(tuple(value))
-        else:
-            return None
-    return tuple(parts)
-
-
 def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op):
     """An allreduce of buffers that are not plain arrays (buffers.converted_call), or that only MPI's own
     allreduce can reduce: their arrays' calls are not kept bound to them."""
@@ -211,13 +192,15 @@ def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recv
 
 
 def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
-    """An allreduce of a shape seen before (again.repeat_of's `hit`), run."""
-    plan, state, steps, source, target, inplace = hit
-    recvbuf, what = buffers[1], plan.what
+    """An allreduce of a shape seen before (again.repeat_of's `hit`), run; bound to its arrays once
+    they come again (as _first binds)."""
+    plan, state, steps, source, target, inplace, seen = hit
+    recvbuf, what, last = buffers[1], plan.what, seen[2]
+    if kept and (last is None or last[0] is not buffers[0] or last[1] is not recvbuf or last[2] is not buffers[2]):
+        seen[1:], kept = (None, buffers), False
     native = plan.native is not None
     if not blocking:
-        start = (partial(_started_native, plan.native, state, source, target, inplace, what, recvbuf) if native else
-                 partial(_started, plan, state, source, target, inplace, recvbuf))
+        start = partial(_started, plan, state, source, target, inplace, what, recvbuf)
         if kept:
             keep_again("allreduce", False, buffers, recvbuf, target.nbytes, algorithm, comm, state, start, None, what,
                        None)
@@ -235,29 +218,53 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     return recvbuf
 
 
-def _started_native(own, state, source, target, inplace: bool, what, result) -> Request:
-    return Request(NativeInFlight(own, state, source, target, inplace, None, what), result)
-
-
-def _started(plan, state, source, target, inplace: bool, result) -> Request:
-    return Request(plan.start(state, source, target, inplace, None), result)
+def _started(plan, state, source, target, inplace: bool, what, result) -> Request:
+    own = plan.native
+    return Request(NativeInFlight(own, state, source, target, inplace, None, what) if own is not None else
+                   plan.start(state, source, target, inplace, None), result)
 
 
 class _Done(NamedTuple):
     """A call that _first ran to its end (a small allreduce of device memory through host memory)."""
-
     result: object
 
 
 def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept):
-    """A call past the repeat paths: its arguments checked, its plan found or made; kept for its repeats
-    under `key` (unless None, or the call makes a new result) and, an allreduce, by its shape."""
+    """A call past the repeat paths: its arguments checked; what it shares with the calls of its shape
+    looked up (SHAPES), else found or made (its plan among them); bound to its arrays (_bound)."""
+    given = timeout
     call, state, current, timeout = _checked(name, comm, algorithm, segment, check, timeout, buffers)
+    if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
+            and transport_for(state, call.backend) is None):
+        return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
+    shape_key = None
+    if call.backend is NumpyBackend and call.context is None:
+        shape_key = (name, blocking, id(comm), algorithm, segment, check, given, id(current), call.collective,
+                     call.count, call.source.dtype, call.reduce_op, call.inplace)
+        seen = SHAPES.get(shape_key)
+        if seen is not None and seen[0].state is state:
+            shape, last = seen[0], seen[1]
+            if shape.comparison is not None:
+                _agree(shape)
+            if key is None or key != last:
+                # Bound to its arrays only once they come again: a call on new arrays each time
+                # would pay for a binding that no call uses.
+                seen[1:] = key, buffers  # the buffers held, so that their ids in the key stay theirs
+                key, kept = None, False
+            return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
+    shape = _shaped(name, comm, algorithm, segment, check, timeout, call, state, current)
+    if shape_key is not None and shape.trial is None:
+        if len(SHAPES) >= REPEATS_MAX:
+            SHAPES.clear()
+        SHAPES[shape_key] = [shape._replace(arguments=(comm, current), call=None), None, None]
+    return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
+
+
+def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current) -> _Repeat:
+    """What every call of this one's shape shares, its plan among it, found or made (the comparison of
+    the arguments first, where the ranks compare them); its arrays not yet bound."""
     dtype, backend, reduce_op = call.source.dtype, call.backend, call.reduce_op  # the target's dtype too
     nbytes = call.count * dtype.itemsize
-    if (name == "allreduce" and backend.staged and nbytes <= current.gpu_host_max
-            and transport_for(state, backend) is None):
-        return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
     op = reduce_op.value if reduce_op is not None else None
     # MPI's own is a candidate for untimed calls only: a wait inside it does not keep a timeout.
     native_ok = timeout is None and backend is NumpyBackend and (reduce_op is None or reduces(dtype, reduce_op))
@@ -267,9 +274,8 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
     # shows. So a rooted call compares its arguments first unless the caller says check=False, or
     # runs where every rank sees every rank's root (a small broadcast of MPI's own).
-    showing_roots = (name == "broadcast" and check is None and not compared and choice.algorithm == NATIVE
-                     and nbytes <= ROOTS_SHOWN_MAX)
-    if showing_roots:
+    if (name == "broadcast" and check is None and not compared and choice.algorithm == NATIVE
+            and nbytes <= ROOTS_SHOWN_MAX):
         collective = collective._replace(root=None)  # one plan for every root, which the call checks
     root = collective.root if name in ROOTED else None
     sign = signature(call.count, dtype, op, algorithm, segment, name, root, collective.counts or None)
@@ -280,41 +286,47 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
         fields = (call.count, dtype, f"{op}", algorithm, described)
         comparison = (agreement.call_record(*fields), fields, agreement.agreement_described(state, fields))
     what = f"{name} on rank {state.rank} of {state.name} ({sign.described()})"
-    repeat = _Repeat((comm, *buffers), (), call, state, sign, None, None, None, None, what, timeout, comparison,
-                     call.after, None)
+    shape = _Repeat((comm,), (), call, state, sign, None, None, None, None, what, timeout, comparison, None, None)
     if comparison is not None:
-        _agree(repeat)  # before the plan: making a native one is a collective; online tuning steps on agreed calls
+        _agree(shape)  # before the plan: making a native one is a collective; online tuning steps on agreed calls
     plan, trial = _plan(state, call, collective, choice, sign, algorithm, segment, current, native_ok, timeout)
+    if name == "allreduce":
+        what = plan.what
+    return shape._replace(plan=plan, what=what, trial=trial)
+
+
+def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, algorithm, segment, check,
+           comm) -> _Repeat:
+    """The call (`call`, its checked arguments; `shape`, what it shares with the calls of its shape) bound
+    to its arrays: kept for its repeats on them under `key` (unless None, or the call makes a new
+    result) and, where they are small, in AGAIN."""
+    plan, state, trial, timeout = shape.plan, shape.state, shape.trial, shape.timeout
     native = run = steps = None
     after = call.after
     if plan.native is not None:
         if blocking:  # a started call starts MPI's nonblocking collective (_start)
             run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root)
-        if run is None and showing_roots:
+        if run is None and name == "broadcast" and plan.native.collective.root is None:  # it shows the roots
             native, after = broadcast_showing_roots(state, call.target, call.collective.root)
         elif run is None and name != "allreduce":
             native = native_start(call, plan.native.op)
-    compiled_steps = None
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:
             steps = steps_runner(plan, state, compiled_steps, call.source, call.target)
-    untimed = trial is None and check is None and segment is None and timeout is None and not current.check
-    if name == "allreduce":
-        what = plan.what
-        if untimed and (plan.native is not None or (steps is not None and blocking)):
-            # its plan for calls of its shape on other arrays (repeat_of)
-            state.repeats[repeat_key(buffers[2], algorithm, call.target, call.inplace)] = plan
     arrays = tuple((value, value.dtype, value is call.result) for value in buffers if type(value) is NDARRAY)
-    repeat = repeat._replace(arrays=arrays, plan=plan, native=native, run=run, steps=steps, what=what, after=after,
-                             trial=trial)
-    if kept and untimed and comparison is None:
-        if not blocking:
-            keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, partial(_start, repeat),
-                       None, what, None)
-        elif run is not None or (steps is not None and may_step(state, None)):
-            keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after, what,
-                       confirm_end, run is not None)
+    repeat = _Repeat((comm, *buffers), arrays, call, state, shape.signature, plan, native, run, steps, shape.what,
+                     timeout, shape.comparison, after, trial)
+    # Untimed: neither a trial, nor compared, nor with a segment or timeout of its own.
+    if trial is None and repeat.comparison is None and timeout is None and segment is None and check is None:
+        if kept:
+            nbytes = call.count * call.source.dtype.itemsize
+            if not blocking:
+                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, partial(_start, repeat),
+                           None, repeat.what, None)
+            elif run is not None or (steps is not None and may_step(state, None)):
+                keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
+                           repeat.what, confirm_end, run is not None)
     if key is not None and trial is None and (call.result is None or any(written for *_, written in arrays)):
         if len(REPEATS) >= REPEATS_MAX:
             REPEATS.clear()

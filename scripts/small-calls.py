@@ -9,6 +9,8 @@ Cases, float64 (the ratio is ringtree's time over MPI's, in the same run):
   iallreduce       iallreduce(a, b).wait() against Iallreduce(a, b).Wait()
   persistent       allreduce_init's Start(); Wait() against MPI's Allreduce_init
   broadcast        broadcast(a, root=0) against Bcast(a, 0)
+  broadcast new    broadcast(np.full(n, x), root=0) against Bcast of a new array
+  reduce           reduce(a, b, root=0) against Reduce(a, b, root=0)
   reduce_scatter   reduce_scatter(s, a) against Reduce_scatter_block(s, a): n elements to each rank
 Every call is warmed up (past online tuning's trials) before timing; timing is bench's: turns in
 shuffled order, medians of the slowest rank.
@@ -67,6 +69,9 @@ def cases(comm, count: int, requests: list) -> dict:
         "iallreduce": (lambda: ringtree.iallreduce(a, b, comm=comm).wait(), lambda: comm.Iallreduce(a, b).Wait()),
         "persistent": (persistent(ours), persistent(theirs)),
         "broadcast": (lambda: ringtree.broadcast(a, root=0, comm=comm), lambda: comm.Bcast(a, 0)),
+        "broadcast new": (lambda: ringtree.broadcast(np.full(count, 1.0), root=0, comm=comm),
+                          lambda: comm.Bcast(np.full(count, 1.0), 0)),
+        "reduce": (lambda: ringtree.reduce(a, b, root=0, comm=comm), lambda: comm.Reduce(a, b, root=0)),
         "reduce_scatter": (lambda: ringtree.reduce_scatter(every, b, comm=comm),
                            lambda: comm.Reduce_scatter_block(every, b)),
     }

@@ -422,6 +422,73 @@ def test_calls_repeated_on_the_same_arrays_see_what_changed_in_them(comm, named)
     local.Free()
 
 
+# Which arrays each turn's call gets: one of two sets made once, or (None) new ones. A shape's first
+# call, calls on new arrays, arrays that come again (and are bound then), and bound ones.
+TURNS = [None, 0, 1, 1, None, 1, 0, 0, None, 1]
+
+
+def _turn_arrays(rank, size, turn, made):
+    send = np.arange(3 * size, dtype=np.int64) * (rank + 1) + 7 * turn
+    if made is None:
+        return send, np.empty(3 * size, np.int64)
+    made[0][:] = send
+    return made
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "started"])
+@pytest.mark.parametrize("name", ["allreduce", "allreduce in place", "reduce_scatter", "reduce_scatter counts",
+                                  "allgather", "broadcast", "reduce", "reduce in place"])
+def test_calls_on_new_arrays_of_a_shape_seen_before_give_mpi_s_result(comm, name, blocking):
+    """A shape's calls on other arrays than its first's (again.SHAPES: unbound on new arrays, bound once
+    arrays come again), each result equal to MPI's own on the same inputs."""
+    rank, size = comm.rank, comm.size
+    local, failures = comm.Dup(), []
+    sets = [(np.empty(3 * size, np.int64), np.empty(3 * size, np.int64)) for _ in range(2)]
+    counts = [3 * r % 4 for r in range(size)]
+    counts[0] += 3 * size - sum(counts)
+    for turn, which in enumerate(TURNS):
+        send, recv = _turn_arrays(rank, size, turn, None if which is None else sets[which])
+        expected, root = np.empty_like(recv), turn % size
+        if name.startswith("allreduce"):
+            in_place = name.endswith("in place")
+            if in_place:
+                recv[:] = send
+            comm.Allreduce(send, expected)
+            got = (ringtree.allreduce if blocking else ringtree.iallreduce)(
+                MPI.IN_PLACE if in_place else send, recv, comm=local)
+            compared = recv, expected
+        elif name.startswith("reduce_scatter"):
+            given = list(counts) if name.endswith("counts") else None  # a new list each call
+            mine = counts[rank] if given else 3
+            comm.Reduce_scatter(send, expected[:mine], given or [3] * size)
+            got = (ringtree.reduce_scatter if blocking else ringtree.ireduce_scatter)(send, recv, given, comm=local)
+            compared = recv[:mine], expected[:mine]
+        elif name == "allgather":
+            comm.Allgather(send[:3], expected)
+            got = (ringtree.allgather if blocking else ringtree.iallgather)(send[:3].copy(), recv, comm=local)
+            compared = recv, expected
+        elif name == "broadcast":
+            expected[:] = send if rank == root else 0
+            comm.Bcast(expected, root)
+            recv[:] = send if rank == root else 0
+            got = (ringtree.broadcast if blocking else ringtree.ibroadcast)(recv, root, comm=local)
+            compared = recv, expected
+        else:
+            in_place = name.endswith("in place") and rank == root
+            if in_place:
+                recv[:] = send
+            comm.Reduce(send, expected, root=root)
+            got = (ringtree.reduce if blocking else ringtree.ireduce)(MPI.IN_PLACE if in_place else send, recv,
+                                                                      root=root, comm=local)
+            compared = (recv, expected) if rank == root else (recv[:0], expected[:0])
+        if not blocking:
+            got.wait()
+        if not np.array_equal(*compared):
+            failures.append(f"turn {turn} ({'new arrays' if which is None else f'set {which}'}): {compared}")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
 @pytest.mark.parametrize("repeat", [False, True], ids=["first call", "repeat"])
 @pytest.mark.parametrize("blocking", [True, False], ids=["broadcast", "ibroadcast"])
 def test_ranks_that_each_name_themselves_the_root_of_a_small_broadcast_all_get_an_error(comm, blocking, repeat):

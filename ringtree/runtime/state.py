@@ -105,7 +105,6 @@ class CommState:
         self.caller, self.to_confirm = thread_token(), 0
         self.unconfirmed = True
         self.confirming: dict = {}  # thread -> the byte its confirmations allreduce and their bound run (small.py)
-        self.repeats: dict = {}  # the same plans, by the arguments of stepwise calls that passed the checks
         self.answers: list = []  # replies and signatures in flight to other ranks
         self.raised: set = set()  # the ranks that raised MismatchError on it (mismatch.py)
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
@@ -144,10 +143,7 @@ class CommState:
         natives = [key for key, plan in self.plans.items() if plan.native is not None]
         if len(natives) < NATIVE_PLANS:
             return False
-        oldest = self.plans.pop(natives[0])
-        for key in [key for key, plan in self.repeats.items() if plan is oldest]:
-            del self.repeats[key]
-        free_plan(oldest.native)
+        free_plan(self.plans.pop(natives[0]).native)
         return True
 
     def next_tag(self, code: int) -> int:
