@@ -253,6 +253,8 @@ def _counts(counts, size: int, total: int | None, name: str) -> tuple[int, ...]:
 
 
 def _root(root, size: int) -> int:
+    if type(root) is int and 0 <= root < size:
+        return root
     if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < size:
         raise ValueError(f"root {root!r} is not a rank of this communicator of {size}")
     return int(root)
@@ -275,5 +277,7 @@ def _flat_of(result):
 
 
 def _context(given):
+    if type(given) is np.ndarray:
+        return None
     buf = given[0] if isinstance(given, (list, tuple)) else given
     return tensors.stream_of(buf) if tensors.is_tensor(buf) else None

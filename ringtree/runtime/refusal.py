@@ -12,7 +12,6 @@ on every rank, as after any mismatch, and this rank raises its own error.
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
 
 from mpi4py import MPI
 
@@ -27,14 +26,22 @@ REFUSALS = (TypeError, ValueError, NoDevice)  # what the checks raise (a Setting
 _PREFIX = re.compile(r"^ringtree \w+(?: on rank \d+)?: ")
 
 
-@contextmanager
-def refusing(comm):
-    """Around a call's checks: a refusal of them is told to the other ranks of `comm` before it is raised."""
-    try:
-        yield
-    except REFUSALS as error:
-        tell_others(comm, error)
-        raise
+class refusing:
+    """Around a call's checks: a refusal of them is told to the other ranks of `comm` before it is raised
+    (a class, not a generator: it is on the path of every call that is checked)."""
+
+    __slots__ = ("comm",)
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is not None and issubclass(kind, REFUSALS):
+            tell_others(self.comm, error)
+        return False  # raised on
 
 
 def tell_others(comm, error: Exception) -> None:
