@@ -42,9 +42,7 @@ from .runtime.backend import NumpyBackend
 from .runtime.in_flight import IN_FLIGHT
 from .runtime.mismatch import Signature, signature
 from .runtime.native import (
-    ROOTS_SHOWN_MAX,
     NativeInFlight,
-    broadcast_showing_roots,
     native_runner,
     native_start,
     reduces,
@@ -55,6 +53,7 @@ from .runtime.native import (
 from .runtime.one_caller import in_call
 from .runtime.plan import build_plan
 from .runtime.refusal import refusing
+from .runtime.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
 from .runtime.small import confirm_end
 from .runtime.stalls import watched
 from .runtime.state import comm_state
@@ -273,9 +272,9 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     collective = call.collective
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
     # shows. So a rooted call compares its arguments first unless the caller says check=False, or
-    # runs where every rank sees every rank's root (a small broadcast of MPI's own).
-    if (name == "broadcast" and check is None and not compared and choice.algorithm == NATIVE
-            and nbytes <= ROOTS_SHOWN_MAX):
+    # runs where every rank sees every rank's root (a small broadcast or reduce of MPI's own).
+    if (name in ROOTED and check is None and not compared and choice.algorithm == NATIVE
+            and nbytes <= ROOTS_SHOWN_MAX and shows_roots(name, reduce_op, dtype, state.size)):
         collective = collective._replace(root=None)  # one plan for every root, which the call checks
     root = collective.root if name in ROOTED else None
     sign = signature(call.count, dtype, op, algorithm, segment, name, root, collective.counts or None)
@@ -306,8 +305,8 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
     if plan.native is not None:
         if blocking:  # a started call starts MPI's nonblocking collective (_start)
             run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root)
-        if run is None and name == "broadcast" and plan.native.collective.root is None:  # it shows the roots
-            native, after = broadcast_showing_roots(state, call.target, call.collective.root)
+        if run is None and name in ROOTED and plan.native.collective.root is None:  # it shows the roots
+            native, after = showing_roots(state, call, plan.native.op)
         elif run is None and name != "allreduce":
             native = native_start(call, plan.native.op)
     if plan.bound is not None and timeout is None:  # stepwise waits keep none

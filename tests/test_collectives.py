@@ -490,32 +490,46 @@ def test_calls_on_new_arrays_of_a_shape_seen_before_give_mpi_s_result(comm, name
 
 
 @pytest.mark.parametrize("repeat", [False, True], ids=["first call", "repeat"])
-@pytest.mark.parametrize("blocking", [True, False], ids=["broadcast", "ibroadcast"])
-def test_ranks_that_each_name_themselves_the_root_of_a_small_broadcast_all_get_an_error(comm, blocking, repeat):
-    """Untimed, a small broadcast runs as MPI's own with no comparison first: every rank naming itself
-    the root (each would only send) still raises MismatchError on every rank, on the communicator's
-    first call of the shape and on a repeat of it, and the communicator goes on working."""
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "started"])
+@pytest.mark.parametrize("name,op", [("broadcast", None), ("reduce", MPI.SUM), ("reduce", MPI.MAX), ("reduce", MPI.MIN),
+                                     ("reduce", MPI.BAND)])
+def test_ranks_that_each_name_themselves_the_root_of_a_small_rooted_call_all_get_an_error(comm, name, op, blocking,
+                                                                                           repeat):
+    """Untimed, a small broadcast or reduce runs as MPI's own allreduce with no comparison first (roots.py):
+    every rank naming itself the root (each would only send, or only receive) still raises MismatchError
+    on every rank, on the communicator's first call of the shape and on a repeat of it, and the
+    communicator goes on working, with MPI's result."""
     if comm.size < 2:
         pytest.skip("needs two ranks to disagree")
-    local = comm.Dup()
-    x = np.full(3, float(comm.rank))
-    if repeat:
-        ringtree.broadcast(x, root=0, comm=local)
-    failures = []
-    try:
-        if blocking:
-            ringtree.broadcast(x, root=comm.rank, comm=local)
+    local, failures = comm.Dup(), []
+    x, y = np.full(3, comm.rank + 1, np.int32), np.zeros(3, np.int32)
+
+    def call(root):
+        if name == "broadcast":
+            made = (ringtree.broadcast if blocking else ringtree.ibroadcast)(x, root=root, comm=local)
         else:
-            ringtree.ibroadcast(x, root=comm.rank, comm=local).wait()
+            made = (ringtree.reduce if blocking else ringtree.ireduce)(x, y, op, root=root, comm=local)
+        if not blocking:
+            made.wait()
+
+    if repeat:
+        call(0)
+    try:
+        call(comm.rank)
         failures.append("no error")
     except ringtree.MismatchError as error:
-        if f"ringtree broadcast on rank {comm.rank}" not in str(error) or (
-                f"'broadcast root {comm.size - 1}' on rank {comm.size - 1}" not in str(error)):
+        if f"ringtree {name} on rank {comm.rank}" not in str(error) or (
+                f"'{name} root {comm.size - 1}' on rank {comm.size - 1}" not in str(error)):
             failures.append(str(error))
-    y = np.full(3, float(comm.rank))
-    ringtree.broadcast(y, root=comm.size - 1, comm=local)
-    if not (y == comm.size - 1).all():
-        failures.append(f"the broadcast after: {y}")
+    x[:], y[:] = comm.rank + 1, 0
+    expected = np.full(3, comm.size, np.int32)
+    if name == "reduce":
+        comm.Reduce(x, expected, op, root=comm.size - 1)
+    call(comm.size - 1)
+    if comm.rank == comm.size - 1 and not np.array_equal(x if name == "broadcast" else y, expected):
+        failures.append(f"the call after: {x if name == 'broadcast' else y}, not {expected}")
+    if name == "broadcast" and not (x == comm.size).all():
+        failures.append(f"the broadcast after: {x}")
     assert_everywhere(comm, failures)
     local.Free()
 

@@ -12,17 +12,17 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from ..errors import MismatchError
-from ..ops import MPI_OP, ReduceOp
+from ..ops import MPI_OP, ReduceOp, known_op
 from ..schedule.ir import ALLREDUCE, Collective
 from ..tuning.online import Tuner
 from .backoff import backed_off, settled
 from .in_flight import progress_others
-from .mismatch import Signature, Watch, differing, everywhere
+from .mismatch import Signature, Watch, everywhere
+from .roots import root_marks, roots_differ
 from .stalls import watched
 
 __all__ = ["MPICollective", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started",
-           "native_runner", "native_start", "start_native", "free_plan", "ROOTS_SHOWN_MAX",
-           "broadcast_showing_roots"]
+           "native_runner", "native_start", "start_native", "free_plan"]
 
 # How long a wait in MPI's own collective only polls and yields, before it looks for a mismatch and
 # sleeps between polls: MPI moves a large message between the ranks of a node only as fast as both
@@ -34,10 +34,6 @@ QUIET_SECONDS = 0.01
 # under MPICH faster than the nonblocking call up to 16 KiB, in place or not (docs/algorithms.md);
 # from 64 KiB the copies cost more.
 PERSISTENT_MAX = 16384
-# Up to this size MPI's own broadcast runs as its allreduce (broadcast_showing_roots), which needs no
-# comparison of the roots before it: under MPICH an 8 KiB one costs less than a Bcast and a comparison
-# together, a 16 KiB one more (docs/collectives.md).
-ROOTS_SHOWN_MAX = 8192
 
 
 class MPICollective(NamedTuple):
@@ -106,6 +102,9 @@ def _persistent(collective: Collective, comm, count: int, dtype: np.dtype, op, r
             return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, [buffer, MPI.BYTE], MPI.BOR)
         buffer = np.empty(count * dtype.itemsize, np.uint8)
         return buffer, buffer, comm.Bcast_init([buffer, MPI.BYTE], root)
+    if name == "reduce" and root is None:  # as roots.showing_roots: the data, then a mark for each rank's root
+        buffer = np.zeros(count + size, dtype)
+        return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, buffer, op)
     if name == "allgather":
         buffer = np.empty(count * dtype.itemsize, np.uint8)
         sizes = [c * dtype.itemsize for c in counts]
@@ -194,7 +193,7 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
         if not settled(test, progress_others):
             _wait(request, state, seq, signature, ())
         if roots is not None and roots[0] != roots[1]:
-            _roots_differ(state, root, seq)
+            roots_differ(state, own.collective.name, root, seq)
         for into, given in copies_out:
             into[:] = given
         if divide is not None:
@@ -210,16 +209,20 @@ def _copies(own: MPICollective, rank: int, source, target, root):
     if name == "allgather":
         offset, mine = own.collective.displacement(rank) * target.itemsize, _bytes(source)
         return [(buffer[offset:offset + mine.nbytes], mine)], [(_bytes(target), buffer)], None
+    if own.collective.root is None and name in ("broadcast", "reduce"):  # it shows the roots (roots.py)
+        data, at_root = _bytes(target if name == "broadcast" else source), rank == root
+        nbytes = data.nbytes
+        mine, combined = root_marks(name, known_op(own.op), target.dtype, own.comm.Get_size(), root)
+        if name == "broadcast":
+            given = data if at_root else memoryview(bytes(nbytes))  # the others give zeros
+            copies_out = [] if at_root else [(data, buffer[:nbytes])]
+        else:
+            given, copies_out = data, [(_bytes(target), buffer[:nbytes])] if at_root else []
+        return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(mine))], copies_out, (buffer[nbytes:], combined)
     if name != "broadcast":
         return [(buffer, _bytes(source))], [(_bytes(target), _bytes(received))] if received is not None else [], None
     data, at_root = _bytes(target), rank == root
-    nbytes = data.nbytes
-    if own.collective.root is not None:
-        return ([(buffer, data)], [], None) if at_root else ([], [(data, buffer)], None)
-    bits = _root_bits(buffer.nbytes - nbytes, root)
-    given = data if at_root else memoryview(bytes(nbytes))  # the others give zeros
-    copies_out = [] if at_root else [(data, buffer[:nbytes])]
-    return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(bits))], copies_out, (buffer[nbytes:], bits)
+    return ([(buffer, data)], [], None) if at_root else ([], [(data, buffer)], None)
 
 
 class NativeInFlight:
@@ -305,51 +308,6 @@ def start_native(own: MPICollective, state, source, target, in_place: bool, tria
     native = NativeInFlight(own, state, source, target, in_place, finish, what)
     Tuner.in_flight(trial, native.wait)
     return native
-
-
-def broadcast_showing_roots(state, target: np.ndarray, root: int):
-    """A broadcast of `target` from `root` as MPI's own allreduce, which every rank ends only once it has
-    heard from every other: each rank gives its bytes (zeros but at the root) and a bit for the root it
-    names, combined with a bitwise or. Ranks that differ on the root then all see two bits and raise
-    MismatchError together, with no comparison before the call; a Bcast would leave a rank that names
-    itself root wrongly with its own data, and no message would show it. Returns (start, after):
-    start(comm) starts it on a plan's communicator, after() checks the roots and takes the data."""
-    data = memoryview(target.view(np.uint8))
-    nbytes, size = data.nbytes, state.size
-    mine = np.zeros(nbytes + (size + 7) // 8, np.uint8)
-    mine[nbytes:] = np.frombuffer(_root_bits((size + 7) // 8, root), np.uint8)
-    roots, combined = mine[nbytes:].tobytes(), np.empty_like(mine)
-    given, received, at_root = memoryview(mine)[:nbytes], memoryview(combined)[:nbytes], state.rank == root
-    seq = [0]
-
-    def start(comm) -> MPI.Request:
-        if at_root:
-            given[:] = data
-        seq[0] = state.calls  # before the call counts itself: its number
-        return comm.Iallreduce([mine, MPI.BYTE], [combined, MPI.BYTE], MPI.BOR)
-
-    def after() -> None:
-        if combined[nbytes:].tobytes() != roots:
-            _roots_differ(state, root, seq[0])
-        if not at_root:
-            data[:] = received
-    return start, after
-
-
-def _root_bits(length: int, root: int) -> bytearray:
-    """`length` bytes with the bit of rank `root`: what a rank names in a broadcast that shows the roots."""
-    bits = bytearray(length)
-    bits[root // 8] = 1 << root % 8
-    return bits
-
-
-def _roots_differ(state, root: int, seq: int):
-    """Raise MismatchError: the ranks named different roots for broadcast `seq` (every rank is here: it
-    saw the same bits)."""
-    named = state.comm.allgather(root)
-    raise MismatchError(f"ringtree broadcast on rank {state.rank}: the ranks of {state.comm.Get_name()} disagree at "
-                        f"call #{seq}: " + " | ".join(differing(
-                            "collective", {rank: f"broadcast root {value}" for rank, value in enumerate(named)})))
 
 
 def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:
