@@ -320,9 +320,11 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
     if trial is None and repeat.comparison is None and timeout is None and segment is None and check is None:
         if kept:
             nbytes = call.count * call.source.dtype.itemsize
-            if not blocking:
-                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, partial(_start, repeat),
-                           None, repeat.what, None)
+            if not blocking:  # an allreduce's start has no native start or after of its own to look up
+                start = (partial(_started, plan, state, call.source, call.target, call.inplace, repeat.what, call.result)
+                         if name == "allreduce" else partial(_start, repeat))
+                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, start, None, repeat.what,
+                           None)
             elif run is not None or (steps is not None and may_step(state, None)):
                 keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
