@@ -80,7 +80,7 @@ def run(name: str, blocking: bool, comm, algorithm, segment, check, timeout, *bu
 
 
 class _Repeat(NamedTuple):
-    """What a call shares with the calls after it on the same arguments: looked up, not rebuilt."""
+    """What a call shares with its repeats on the same arguments, or (no arrays bound) of its shape."""
 
     arguments: tuple  # the caller's communicator and buffers, held so that their ids in the key stay theirs
     arrays: tuple  # (array, dtype, written?) of the caller's numpy arrays: what may change in them in place
