@@ -143,6 +143,35 @@ def test_by_default_a_mismatch_raises_on_every_rank_naming_the_ranks_and_what_di
         assert outcome.startswith("named, unusable, ") and float(outcome.split(", ")[2].split()[0]) < 10, line
 
 
+@pytest.mark.mpi
+def test_with_signatures_off_small_repeats_are_still_kept_bound_and_right(monkeypatch):
+    """Without signatures no call's end is confirmed (one_caller.py), so the wait for the first call's
+    confirmation before keeping a run bound (again.keep_again) must not apply: repeats on the same
+    small arrays still run bound to them, each result MPI's own."""
+    from ringtree.runtime.again import AGAIN
+
+    monkeypatch.setenv("RINGTREE_SIGNATURES", "0")
+    ringtree.settings.reload()
+    world = MPI.COMM_WORLD
+    comm, failures = world.Dup(), []
+    data, out, expected = np.empty(4, np.int64), np.empty(4, np.int64), np.empty(4, np.int64)
+    try:
+        for call in range(200):  # past online tuning's trials of the shape
+            data[:] = np.arange(4) * (world.Get_rank() + 1) + call
+            allreduce(data, out, comm=comm)
+            world.Allreduce(data, expected)
+            if not np.array_equal(out, expected):
+                failures.append(f"call {call}: {out} != {expected}")
+                break
+        if AGAIN["allreduce"].get(id(out)) is None:
+            failures.append("not kept bound")
+    finally:
+        monkeypatch.delenv("RINGTREE_SIGNATURES")
+        ringtree.settings.reload()
+    assert_everywhere(world, failures)
+    comm.Free()
+
+
 @pytest.mark.mpi(min_size=2)
 def test_with_signatures_off_a_message_of_the_wrong_size_is_still_an_error_not_a_result(monkeypatch):
     monkeypatch.setenv("RINGTREE_SIGNATURES", "0")

@@ -196,10 +196,10 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     every call). `native`: a blocking run waits in MPI's own only; `confirm`: one_caller's for a
     blocking call."""
     largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
-    # Not before the communicator's first call is confirmed (one_caller.py), which an entry's run skips:
-    # a first call that raised leaves it to the next, on every rank.
+    # Not before the communicator's first call is confirmed (one_caller.py, where signatures are on),
+    # which an entry's run skips: a first call that raised leaves it to the next, on every rank.
     if (name == "reduce" or nbytes > largest or not (state.signatures or not THREADED[1])
-            or state.unconfirmed):
+            or (state.unconfirmed and state.signatures)):
         return
     own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
     if result is not own or type(result) is not NDARRAY or not all(
@@ -218,7 +218,7 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
 def keep_new_result(source, op, algorithm, comm, state, own, what, confirm) -> None:
     """Keep a blocking allreduce into a new array on `source`, whose shape runs MPI's own plan `own`,
     for the calls of its shape after it (_NewResult); `confirm` as for keep_again."""
-    if (state.signatures or not THREADED[1]) and not state.unconfirmed:
+    if (state.signatures or not THREADED[1]) and not (state.unconfirmed and state.signatures):
         AGAIN["allreduce"][id(None)] = _NewResult(source, op, algorithm, comm, state, own, what, confirm)
 
 
