@@ -36,6 +36,7 @@ from .runtime.again import (
     keep_again,
     keep_new_result,
     repeat_of,
+    shape_key,
     steps_runner,
 )
 from .runtime.backend import NumpyBackend
@@ -236,26 +237,25 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
             and transport_for(state, call.backend) is None):
         return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
-    shape_key = None
+    key_of_shape = None
     if call.backend is NumpyBackend and call.context is None:
-        shape_key = (name, blocking, id(comm), algorithm, segment, check, given, id(current), call.collective,
-                     call.count, call.source.dtype, call.reduce_op, call.inplace)
-        seen = SHAPES.get(shape_key)
+        key_of_shape = shape_key(name, blocking, comm, algorithm, segment, check, given, current, call.collective,
+                                 call.count, call.source.dtype, call.reduce_op, call.inplace)
+        seen = SHAPES.get(key_of_shape)
         if seen is not None and seen[0].state is state:
             shape, last = seen[0], seen[1]
             if shape.comparison is not None:
                 _agree(shape)
             if key is None or key != last:
-                # Bound to its arrays only once they come again: a call on new arrays each time
-                # would pay for a binding that no call uses.
+                # Bound only once its arrays come again: new arrays each call would pay for bindings unused.
                 seen[1:] = key, buffers  # the buffers held, so that their ids in the key stay theirs
                 key, kept = None, False
             return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
     shape = _shaped(name, comm, algorithm, segment, check, timeout, call, state, current)
-    if shape_key is not None and shape.trial is None:
+    if key_of_shape is not None and shape.trial is None:
         if len(SHAPES) >= REPEATS_MAX:
             SHAPES.clear()
-        SHAPES[shape_key] = [shape._replace(arguments=(comm, current), call=None), None, None]
+        SHAPES[key_of_shape] = [shape._replace(arguments=(comm, current), call=None), None, None]
     return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
 
 

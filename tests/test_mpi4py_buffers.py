@@ -316,7 +316,7 @@ def test_a_persistent_allreduce_that_settles_on_mpis_own_binds_its_persistent_re
         if not np.array_equal(out, expected):
             failures.append(f"start {step}: {out} != {expected}")
             break
-    settled = [seen[0].plan for key, seen in SHAPES.items()  # by call_path._first's key
+    settled = [seen[0].plan for key, seen in SHAPES.items()  # keys laid out as again.shape_key makes them
                if key[0] == "allreduce" and key[2] == id(private) and key[9] == 8 and key[10] == np.float64]
     native = bool(settled) and all(plan.native is not None for plan in settled)
     if native != (request._bound is not None):

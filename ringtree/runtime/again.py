@@ -26,8 +26,8 @@ from .stalls import WAITING, watched
 from .stepwise import bound_steps, run_stepwise
 from .threads import FIRST_IN, THREADED, get_ident
 
-__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "REPEATS", "SHAPES", "arguments_key", "forget_bound", "keep_again",
-           "keep_new_result", "steps_runner", "repeat_of"]
+__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "REPEATS", "SHAPES", "arguments_key", "shape_key", "forget_bound",
+           "keep_again", "keep_new_result", "steps_runner", "repeat_of"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -178,6 +178,15 @@ def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buff
     return tuple(parts)
 
 
+def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current, collective, count, dtype,
+              reduce_op, inplace) -> tuple:
+    """A call's key in SHAPES: its collective's name, blocking or started, communicator, options as given
+    and settings (by identity: SHAPES holds them), and its checked collective, count, dtype, op and
+    whether it is in place."""
+    return (name, blocking, id(comm), algorithm, segment, check, timeout, id(current), collective, count, dtype,
+            reduce_op, inplace)
+
+
 def forget_bound() -> None:
     """Forget every run kept bound to arrays: a plan they may hold was freed, or they may wait inside
     MPI, which a call may no longer do."""
@@ -196,10 +205,7 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     every call). `native`: a blocking run waits in MPI's own only; `confirm`: one_caller's for a
     blocking call."""
     largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
-    # Not before the communicator's first call is confirmed (one_caller.py, where signatures are on),
-    # which an entry's run skips: a first call that raised leaves it to the next, on every rank.
-    if (name == "reduce" or nbytes > largest or not (state.signatures or not THREADED[1])
-            or (state.unconfirmed and state.signatures)):
+    if name == "reduce" or nbytes > largest or not _may_keep(state):
         return
     own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
     if result is not own or type(result) is not NDARRAY or not all(
@@ -218,8 +224,18 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
 def keep_new_result(source, op, algorithm, comm, state, own, what, confirm) -> None:
     """Keep a blocking allreduce into a new array on `source`, whose shape runs MPI's own plan `own`,
     for the calls of its shape after it (_NewResult); `confirm` as for keep_again."""
-    if (state.signatures or not THREADED[1]) and not (state.unconfirmed and state.signatures):
+    if _may_keep(state):
         AGAIN["allreduce"][id(None)] = _NewResult(source, op, algorithm, comm, state, own, what, confirm)
+
+
+def _may_keep(state) -> bool:
+    """Whether a run may be kept bound on `state`'s communicator: not with several threads and no
+    signatures (its waits would be inside MPI), nor, where signatures are on, before the communicator's
+    first call is confirmed (one_caller.py), which an entry's run skips: a first call that raised leaves
+    that to the next, on every rank."""
+    if not state.signatures:
+        return not THREADED[1]
+    return not state.unconfirmed
 
 
 def _then(run, after) -> None:
@@ -239,8 +255,8 @@ def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, bl
             or type(algorithm) is not str or (blocking and IN_FLIGHT.running)):
         return None
     inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
-    seen = SHAPES.get(("allreduce", blocking, id(WORLD if comm is None else comm), algorithm, None, None, None,
-                       id(settings.current()), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
+    seen = SHAPES.get(shape_key("allreduce", blocking, WORLD if comm is None else comm, algorithm, None, None, None,
+                                settings.current(), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
     if seen is None:
         return None
     plan, state, flags = seen[0].plan, seen[0].state, recvbuf.flags

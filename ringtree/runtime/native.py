@@ -18,7 +18,7 @@ from ..tuning.online import Tuner
 from .backoff import backed_off, settled
 from .in_flight import progress_others
 from .mismatch import Signature, Watch, everywhere
-from .roots import root_marks, roots_differ
+from .roots import byte_view, root_marks, roots_differ
 from .stalls import watched
 
 __all__ = ["MPICollective", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started",
@@ -205,23 +205,23 @@ def _copies(own: MPICollective, rank: int, source, target, root):
     """(copies in, copies out, roots) of a call through the plan's persistent request: (to, from)
     pairs of memoryviews; roots, for a broadcast that shows them, (the bits the ranks' roots
     combined to, those of this rank's)."""
-    name, buffer, received = own.collective.name, _bytes(own.buffer), own.received
+    name, buffer, received = own.collective.name, byte_view(own.buffer), own.received
     if name == "allgather":
-        offset, mine = own.collective.displacement(rank) * target.itemsize, _bytes(source)
-        return [(buffer[offset:offset + mine.nbytes], mine)], [(_bytes(target), buffer)], None
+        offset, mine = own.collective.displacement(rank) * target.itemsize, byte_view(source)
+        return [(buffer[offset:offset + mine.nbytes], mine)], [(byte_view(target), buffer)], None
     if own.collective.root is None and name in ("broadcast", "reduce"):  # it shows the roots (roots.py)
-        data, at_root = _bytes(target if name == "broadcast" else source), rank == root
+        data, at_root = byte_view(target if name == "broadcast" else source), rank == root
         nbytes = data.nbytes
         mine, combined = root_marks(name, known_op(own.op), target.dtype, own.comm.Get_size(), root)
         if name == "broadcast":
             given = data if at_root else memoryview(bytes(nbytes))  # the others give zeros
             copies_out = [] if at_root else [(data, buffer[:nbytes])]
         else:
-            given, copies_out = data, [(_bytes(target), buffer[:nbytes])] if at_root else []
+            given, copies_out = data, [(byte_view(target), buffer[:nbytes])] if at_root else []
         return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(mine))], copies_out, (buffer[nbytes:], combined)
     if name != "broadcast":
-        return [(buffer, _bytes(source))], [(_bytes(target), _bytes(received))] if received is not None else [], None
-    data, at_root = _bytes(target), rank == root
+        return [(buffer, byte_view(source))], [(byte_view(target), byte_view(received))] if received is not None else [], None
+    data, at_root = byte_view(target), rank == root
     return ([(buffer, data)], [], None) if at_root else ([], [(data, buffer)], None)
 
 
@@ -321,10 +321,6 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
     except MismatchError:
         state.abandoned.append((request, arrays))
         raise
-
-
-def _bytes(array: np.ndarray) -> memoryview:
-    return memoryview(array.view(np.uint8))  # a view first: a dtype such as bfloat16 exports no buffer
 
 
 def native_start(call, op):

@@ -19,7 +19,7 @@ from ..errors import MismatchError
 from ..ops import ReduceOp
 from .mismatch import differing
 
-__all__ = ["ROOTS_SHOWN_MAX", "shows_roots", "root_marks", "showing_roots", "roots_differ"]
+__all__ = ["ROOTS_SHOWN_MAX", "shows_roots", "root_marks", "showing_roots", "roots_differ", "byte_view"]
 
 # Up to this size MPI's own broadcast and reduce run as its allreduce: under MPICH an 8 KiB broadcast
 # so costs less than a Bcast and a comparison together, a 16 KiB one more (docs/collectives.md).
@@ -58,7 +58,7 @@ def showing_roots(state, call, op):
     shows the roots, on arrays of its own. Returns (start, after): start(comm) starts it on a plan's
     communicator; after() checks the roots and takes the data."""
     name, root, size = call.collective.name, call.collective.root, state.size
-    data = _bytes(call.target if name == "broadcast" else call.source)
+    data = byte_view(call.target if name == "broadcast" else call.source)
     nbytes, at_root = data.nbytes, state.rank == root
     given, expected = root_marks(name, call.reduce_op, call.source.dtype, size, root)
     if name == "broadcast":
@@ -66,9 +66,9 @@ def showing_roots(state, call, op):
     else:
         mine, mpi_op = np.zeros(call.source.size + size, call.source.dtype), op
     combined = np.empty_like(mine)
-    sent, received = _bytes(mine), _bytes(combined)
+    sent, received = byte_view(mine), byte_view(combined)
     sent[nbytes:] = given
-    result = None if name == "broadcast" and at_root or name == "reduce" and not at_root else _bytes(call.target)
+    result = None if name == "broadcast" and at_root or name == "reduce" and not at_root else byte_view(call.target)
     seq = [0]
 
     def start(comm) -> MPI.Request:
@@ -95,5 +95,5 @@ def roots_differ(state, name: str, root: int, seq: int):
                             "collective", {rank: f"{name} root {value}" for rank, value in enumerate(named)})))
 
 
-def _bytes(array: np.ndarray) -> memoryview:
+def byte_view(array: np.ndarray) -> memoryview:
     return memoryview(array.view(np.uint8))  # a view first: a dtype such as bfloat16 exports no buffer
