@@ -8,13 +8,10 @@ and reduce, for mpi4py programs, on numpy and CuPy buffers.
 
 The package, from the public face inward (docs/design.md draws it):
 
-allreduce, collectives, persistent,            the public API
-communicator, buckets
-collective_args                                 the other collectives' arguments, checked
-errors, ops                                     its errors; the reduction ops and the dtypes each takes
-buffers, tensors                                what mpi4py takes as a buffer (torch tensors too), as arrays
-torch                                           DDP comm hooks (the one module that imports torch)
-settings, debug                                 every RINGTREE_* variable; RINGTREE_DEBUG's log
+api/          the public API: the collectives, Communicator, requests, buckets, DDP hooks, the call path
+allreduce, torch                                the import paths `ringtree.allreduce`, `ringtree.torch`
+errors, ops, settings, debug, tensors, version  the foundation: errors, reduction ops, every RINGTREE_*
+                                                variable, RINGTREE_DEBUG's log, tensors as buffers
 schedule/     the IR, its builder and the passes (no MPI, no numpy)
 algorithms/   the schedule generators (no MPI, no numpy)
 runtime/      the engine, the stepwise path, backends, per-communicator state, reliability, timeline
@@ -24,8 +21,8 @@ commands/     python -m ringtree ...; nothing imports them
 """
 
 from .allreduce import Request, allreduce, iallreduce  # ringtree.allreduce: the function (its module: sys.modules)
-from .buckets import GradientBucketer
-from .collectives import (
+from .api.buckets import GradientBucketer
+from .api.collectives import (
     allgather,
     allgather_init,
     broadcast,
@@ -39,9 +36,9 @@ from .collectives import (
     reduce_scatter,
     reduce_scatter_init,
 )
-from .communicator import Communicator
+from .api.communicator import Communicator
+from .api.persistent import PersistentRequest, allreduce_init
 from .errors import MismatchError, PeerFailure, TimeoutError
-from .persistent import PersistentRequest, allreduce_init
 from .settings import SettingError
 from .version import __version__
 

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
-from ringtree.collective_args import prepared
+from ringtree.api.collective_args import prepared
 
 
 def main() -> None:

@@ -82,7 +82,8 @@ FOUNDATION = {"ringtree.errors", "ringtree.ops", "ringtree.settings", "ringtree.
 
 
 def _layer(name: str) -> str:
-    """A module's layer: its subpackage, the foundation, or the public API (the rest of the top)."""
+    """A module's layer: its subpackage (api/, the public API, among them), or the foundation; the rest of
+    the top (the package itself, ringtree.allreduce and ringtree.torch) is the public API's face."""
     parts = name.split(".")
     if len(parts) > 2 or (len(parts) == 2 and MODULES[name].name == "__init__.py"):
         return parts[1]
@@ -110,6 +111,17 @@ def test_no_layer_imports_itself_through_others():
         visit(layer, [layer])
     assert circles == []
     assert graph["runtime"] <= {"foundation", "algorithms", "schedule", "tuning"}  # never the public API
+    assert "api" not in graph["foundation"]
+
+
+def test_the_public_api_is_a_package_and_the_top_the_foundation():
+    top = {name for name, path in MODULES.items() if name.count(".") == 1 and path.name != "__init__.py"}
+    # ringtree.allreduce and ringtree.torch: the import paths users have, of api's modules
+    assert top - FOUNDATION == {"ringtree.__main__", "ringtree.allreduce", "ringtree.torch"}
+    for name in ("ringtree.allreduce", "ringtree.torch"):
+        body = ast.parse(MODULES[name].read_text()).body
+        assert all(isinstance(node, ast.ImportFrom) and node.module.startswith("api.") for node in body
+                   if not isinstance(node, (ast.Expr, ast.Assign))), name
 
 
 def test_every_algorithm_has_one_registry_entry_and_fits_the_signature():
@@ -137,10 +149,10 @@ def _calls_in(name: str) -> dict[str, set[str]]:
 def test_every_collective_goes_one_call_path():
     # Rule 6: each public collective (blocking, nonblocking, persistent) ends in call_path.run; only the
     # path checks a call and builds its plan, and only plan.py makes a Plan.
-    from ringtree import collectives
+    from ringtree.api import collectives
 
-    publics = {"ringtree.allreduce": ["allreduce", "iallreduce"],
-               "ringtree.collectives": [name for name in collectives.__all__ if not name.endswith("_init")]}
+    publics = {"ringtree.api.allreduce": ["allreduce", "iallreduce"],
+               "ringtree.api.collectives": [name for name in collectives.__all__ if not name.endswith("_init")]}
     for module, names in publics.items():
         functions = {node.name: node for node in ast.parse(MODULES[module].read_text()).body
                      if isinstance(node, ast.FunctionDef)}
@@ -149,11 +161,11 @@ def test_every_collective_goes_one_call_path():
             assert isinstance(last, ast.Return) and isinstance(last.value, ast.Call), name
             assert getattr(last.value.func, "id", None) == "run", name
     builders = {name for name in MODULES if any("build_plan" in calls for calls in _calls_in(name).values())}
-    assert builders == {"ringtree.call_path"}
+    assert builders == {"ringtree.api.call_path"}
     makers = {name for name in MODULES if any("Plan" in calls for calls in _calls_in(name).values())}
     assert makers == {"ringtree.runtime.plan"}
     checkers = {name for name in MODULES if any("checked_call" in calls for calls in _calls_in(name).values())}
-    assert checkers <= {"ringtree.call_path", "ringtree.collectives", "ringtree.persistent"}  # the last two: *_init
+    assert checkers <= {"ringtree.api.call_path", "ringtree.api.collectives", "ringtree.api.persistent"}  # the last two: *_init
 
 
 def test_every_wait_backs_off_in_one_place():
@@ -193,6 +205,7 @@ def test_ringtree_allreduce_is_the_function_with_its_help_and_its_module_imports
     import sys
 
     import numpy as np
+    from mpi4py import MPI
 
     import ringtree.allreduce
     from ringtree.allreduce import allreduce, iallreduce
@@ -200,7 +213,7 @@ def test_ringtree_allreduce_is_the_function_with_its_help_and_its_module_imports
     assert ringtree.allreduce is allreduce and sys.modules["ringtree.allreduce"].iallreduce is iallreduce
     shown = pydoc.render_doc(ringtree.allreduce, renderer=pydoc.plaintext)
     assert "function allreduce" in shown and "op=MPI.SUM" in shown and "object at 0x" not in shown
-    comm = sys.modules["ringtree.allreduce"].MPI.COMM_WORLD
+    comm = MPI.COMM_WORLD
     data = np.arange(6, dtype=np.int64)
     assert np.array_equal(ringtree.allreduce(data, comm=comm), data * comm.Get_size())
     assert ringtree.iallreduce(data, comm=comm).wait().tolist() == (data * comm.Get_size()).tolist()

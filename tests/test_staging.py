@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from ringtree.algorithms import ALGORITHMS
+from ringtree.api.request import Request
 from ringtree.ops import ReduceOp
-from ringtree.request import Request
 from ringtree.runtime.backend import NumpyBackend
 from ringtree.runtime.mismatch import signature
 from ringtree.runtime.plan import build_plan

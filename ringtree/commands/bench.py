@@ -33,9 +33,9 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from .. import collectives
 from ..algorithms import ALGORITHMS, GENERATORS
-from ..allreduce import allreduce
+from ..api import collectives
+from ..api.allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
 from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support

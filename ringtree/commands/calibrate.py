@@ -40,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms import ALGORITHMS
-from ..allreduce import allreduce
+from ..api.allreduce import allreduce
 from ..runtime.state import comm_state
 from ..sim.calibration import FORMAT, best_fit, fit_latency_and_per_byte, fit_per_byte, fit_protocols, refitted
 from ..tuning.selector import select

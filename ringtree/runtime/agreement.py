@@ -2,7 +2,7 @@
 call before moving data. Before each call they allreduce a small record, (count, dtype, op,
 algorithm, call number) and its negation with MIN, so its minimum and maximum tell whether all agree.
 If not, they gather the records and every rank raises MismatchError naming each value and the ranks
-that hold it. A broadcast or reduce compares its arguments so by default (collectives.py).
+that hold it. A broadcast or reduce compares its arguments so by default (api/collectives.py).
 
 Without check mode, the calls' signatures in their messages' tags still catch ranks that call
 differently (mismatch.py).

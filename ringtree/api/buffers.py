@@ -17,13 +17,13 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import tensors
-from .debug import configure_debug_logging, log
-from .ops import op_name, parse_op
+from .. import tensors
+from ..debug import configure_debug_logging, log
+from ..ops import op_name, parse_op
+from ..runtime.backend import REGISTERED, NoDevice, backend_for, cupy_backend
+from ..runtime.refusal import refusing
+from ..tensors import is_tensor
 from .request import MPIOwn, Request
-from .runtime.backend import REGISTERED, NoDevice, backend_for, cupy_backend
-from .runtime.refusal import refusing
-from .tensors import is_tensor
 
 __all__ = ["Converted", "converted", "converted_call", "passed_through", "as_array", "is_plain_call", "passes_through"]
 

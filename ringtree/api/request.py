@@ -7,13 +7,13 @@ import threading
 
 from mpi4py import MPI
 
-from .debug import log
-from .runtime import progress
-from .runtime.backoff import wait_until
-from .runtime.engine import Execution
-from .runtime.in_flight import progress_others
-from .runtime.native import NativeInFlight
-from .runtime.threads import note_thread
+from ..debug import log
+from ..runtime import progress
+from ..runtime.backoff import wait_until
+from ..runtime.engine import Execution
+from ..runtime.in_flight import progress_others
+from ..runtime.native import NativeInFlight
+from ..runtime.threads import note_thread
 
 __all__ = ["Request", "MPIRequest", "MPIOwn"]
 

@@ -7,7 +7,7 @@ import numbers
 
 from mpi4py import MPI
 
-from .algorithms import GENERATORS
+from ..algorithms import GENERATORS
 
 __all__ = ["check_comm", "check_options", "checked_timeout"]
 

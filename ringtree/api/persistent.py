@@ -8,17 +8,17 @@ from functools import partial
 import numpy as np
 from mpi4py import MPI
 
-from . import settings
+from .. import settings
+from ..ops import known_op, named_defaults
+from ..runtime.backend import NoDevice
+from ..runtime.native import BoundNative, NativeInFlight, native_plan
+from ..runtime.one_caller import in_call
+from ..runtime.refusal import refusing
 from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
 from .checks import checked_timeout
 from .collective_args import checked_call
-from .ops import known_op, named_defaults
 from .request import empty_status
-from .runtime.backend import NoDevice
-from .runtime.native import BoundNative, NativeInFlight, native_plan
-from .runtime.one_caller import in_call
-from .runtime.refusal import refusing
 
 __all__ = ["PersistentRequest", "allreduce_init"]
 

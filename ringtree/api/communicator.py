@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from ..debug import configure_debug_logging, log
+from ..ops import named_defaults
+from ..runtime.refusal import refusing
 from . import collectives
 from .allreduce import allreduce, iallreduce
-from .debug import configure_debug_logging, log
 from .mpi_style import translated
-from .ops import named_defaults
 from .persistent import PersistentRequest, allreduce_init
 from .request import MPIOwn, MPIRequest, Request
-from .runtime.refusal import refusing
 
 __all__ = ["Communicator"]
 

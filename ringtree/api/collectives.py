@@ -14,14 +14,14 @@ from functools import partial
 
 from mpi4py import MPI
 
+from ..ops import named_defaults
+from ..runtime.again import AGAIN, MISSED
+from ..runtime.refusal import refusing
 from .call_path import run
 from .checks import checked_timeout
 from .collective_args import checked_call
-from .ops import named_defaults
 from .persistent import PersistentRequest
 from .request import Request
-from .runtime.again import AGAIN, MISSED
-from .runtime.refusal import refusing
 
 __all__ = ["reduce_scatter", "ireduce_scatter", "reduce_scatter_init", "allgather", "iallgather", "allgather_init",
            "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce", "reduce_init"]

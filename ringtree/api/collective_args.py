@@ -10,12 +10,12 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from . import tensors
+from .. import tensors
+from ..ops import ReduceOp, check_dtype, parse_op
+from ..runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
+from ..schedule.ir import ALLREDUCE, Collective, blocks
 from .buffers import as_array
 from .checks import check_comm, check_options
-from .ops import ReduceOp, check_dtype, parse_op
-from .runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
-from .schedule.ir import ALLREDUCE, Collective, blocks
 
 __all__ = ["Prepared", "checked_call", "prepared"]
 

@@ -19,14 +19,10 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from . import settings
-from .buffers import converted_call, is_plain_call
-from .checks import checked_timeout
-from .collective_args import Prepared, checked_call
-from .ops import known_op
-from .request import Request
-from .runtime import agreement
-from .runtime.again import (
+from .. import settings
+from ..ops import known_op
+from ..runtime import agreement
+from ..runtime.again import (
     AGAIN,
     REPEATS,
     REPEATS_MAX,
@@ -39,10 +35,10 @@ from .runtime.again import (
     shape_key,
     steps_runner,
 )
-from .runtime.backend import NumpyBackend
-from .runtime.in_flight import IN_FLIGHT
-from .runtime.mismatch import Signature, signature
-from .runtime.native import (
+from ..runtime.backend import NumpyBackend
+from ..runtime.in_flight import IN_FLIGHT
+from ..runtime.mismatch import Signature, signature
+from ..runtime.native import (
     NativeInFlight,
     native_runner,
     native_start,
@@ -51,20 +47,24 @@ from .runtime.native import (
     run_started,
     start_native,
 )
-from .runtime.one_caller import in_call
-from .runtime.plan import build_plan
-from .runtime.refusal import refusing
-from .runtime.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
-from .runtime.small import confirm_end
-from .runtime.stalls import watched
-from .runtime.state import comm_state
-from .runtime.stepwise import may_step
-from .runtime.threads import THREADED, note_thread
-from .runtime.transports import transport_for
-from .runtime.trials import tuned_plan
-from .tuning.collectives import NATIVE, choose
-from .tuning.online import Tuner
-from .tuning.selector import log_choice, select, table
+from ..runtime.one_caller import in_call
+from ..runtime.plan import build_plan
+from ..runtime.refusal import refusing
+from ..runtime.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
+from ..runtime.small import confirm_end
+from ..runtime.stalls import watched
+from ..runtime.state import comm_state
+from ..runtime.stepwise import may_step
+from ..runtime.threads import THREADED, note_thread
+from ..runtime.transports import transport_for
+from ..runtime.trials import tuned_plan
+from ..tuning.collectives import NATIVE, choose
+from ..tuning.online import Tuner
+from ..tuning.selector import log_choice, select, table
+from .buffers import converted_call, is_plain_call
+from .checks import checked_timeout
+from .collective_args import Prepared, checked_call
+from .request import Request
 
 __all__ = ["run"]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
+from ..runtime.backend import backend_for
 from .allreduce import Request, iallreduce
-from .runtime.backend import backend_for
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb
 

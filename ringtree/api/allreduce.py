@@ -1,0 +1,54 @@
+"""The public allreduce: `allreduce` and `iallreduce`, in the style of mpi4py, over the one path of
+every collective (call_path.py). A call repeated on the same small arrays first looks for its run (or
+start) bound to them (again.AGAIN), as every collective's public function does.
+
+Arguments are checked on the calling rank before any message is sent, so bad
+input raises TypeError or ValueError and leaves the buffers untouched.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from ..ops import named_defaults
+from ..runtime.again import AGAIN, MISSED
+from .call_path import run
+from .request import Request
+
+__all__ = ["allreduce", "iallreduce", "Request"]
+
+
+def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
+              timeout=None):
+    """Combine `sendbuf` from every rank of `comm` with `op`; every rank gets the result.
+
+    `sendbuf` is a C-contiguous array, or MPI.IN_PLACE with the input in
+    `recvbuf`. The result goes into `recvbuf` (a new array when None), which is
+    returned. `algorithm` is "auto" or a name from ringtree.algorithms.ALGORITHMS;
+    `segment` (bytes) overrides the pipeline's segment size. `check=True`
+    (default: RINGTREE_CHECK) makes the ranks agree on the call's arguments
+    first and raise MismatchError if they differ; `timeout` (seconds, default:
+    RINGTREE_TIMEOUT) raises TimeoutError when the collective makes no progress
+    for that long. Both must be the same on every rank.
+    """
+    again = AGAIN["allreduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    if again is not None and segment is check is timeout is None:
+        ran = again.ran(sendbuf, op, None, comm, algorithm)
+        if ran is not MISSED:
+            return recvbuf if ran is None else ran
+    return run("allreduce", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
+
+
+def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None, check=None,
+               timeout=None) -> Request:
+    """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
+    waiting on it; in check mode, the ranks agree before this returns)."""
+    again = AGAIN["iallreduce"].get(id(recvbuf))
+    if again is not None and segment is check is timeout is None:
+        request = again.ran(sendbuf, op, None, comm, algorithm)
+        if request is not MISSED:
+            return request
+    return run("allreduce", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
+
+
+named_defaults(allreduce, iallreduce)
