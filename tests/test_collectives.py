@@ -489,6 +489,46 @@ def test_calls_on_new_arrays_of_a_shape_seen_before_give_mpi_s_result(comm, name
     local.Free()
 
 
+@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast"])
+def test_calls_that_leave_comm_out_repeat_as_fast_as_those_that_name_it(comm, name, monkeypatch):
+    """comm left out means COMM_WORLD: a loop of small calls on the same arrays that leaves it out goes
+    the full path (call_path.run) no more often than the same calls naming COMM_WORLD, taken in turns
+    with them (both run bound to the arrays where either does); every result MPI's own."""
+    from ringtree.api import allreduce as public_allreduce
+    from ringtree.api import collectives as public
+
+    entered, failures, rank, size = [], [], comm.rank, comm.size
+    for module in (public_allreduce, public):
+        monkeypatch.setattr(module, "run", lambda *arguments, run=module.run: entered.append(1) or run(*arguments))
+    data, out, expected = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
+    ours = {"allreduce": lambda **given: ringtree.allreduce(data, out, **given),
+            "iallreduce": lambda **given: ringtree.iallreduce(data, out, **given).wait(),
+            "reduce_scatter": lambda **given: ringtree.reduce_scatter(data, out[:1], **given),
+            "allgather": lambda **given: ringtree.allgather(data[:1], out, **given),
+            "broadcast": lambda **given: ringtree.broadcast(out, 0, **given)}[name]
+    mpi = {"allreduce": lambda: comm.Allreduce(data, expected), "iallreduce": lambda: comm.Allreduce(data, expected),
+           "reduce_scatter": lambda: comm.Reduce_scatter_block(data, expected[:1]),
+           "allgather": lambda: comm.Allgather(data[:1], expected), "broadcast": lambda: comm.Bcast(expected, 0)}[name]
+    shown = slice(0, 1) if name == "reduce_scatter" else slice(None)
+    full = {True: 0, False: 0}  # by whether the call left comm out: how many of the last calls went the full path
+    for call in range(400):  # past online tuning's trials of the shape
+        data[:] = np.arange(size) * (rank + 1) + call
+        out[:] = expected[:] = data if rank == 0 else 0
+        mpi()
+        left_out = call % 2 == 0
+        entered.clear()
+        ours() if left_out else ours(comm=comm)
+        if call >= 300:
+            full[left_out] += len(entered)
+        if not np.array_equal(out[shown], expected[shown]):
+            failures.append(f"call {call}: {out[shown]} != {expected[shown]}")
+            break
+    if full[True] > full[False]:
+        failures.append(f"of the last 50 calls each, {full[True]} leaving comm out went the full path, "
+                        f"{full[False]} naming it")
+    assert_everywhere(comm, failures)
+
+
 @pytest.mark.parametrize("repeat", [False, True], ids=["first call", "repeat"])
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "started"])
 @pytest.mark.parametrize("name,op", [("broadcast", None), ("reduce", MPI.SUM), ("reduce", MPI.MAX), ("reduce", MPI.MIN),

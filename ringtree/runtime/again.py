@@ -62,7 +62,7 @@ class _Again:
     slots: its attributes are read faster than a NamedTuple's)."""
 
     __slots__ = ("result", "first", "second", "third", "algorithm", "comm", "state", "dtype", "source_dtype",
-                 "native", "run", "what", "confirm", "thread", "handle")
+                 "native", "run", "what", "confirm", "thread", "handle", "world")
 
     def __init__(self, result, arguments, algorithm, comm, state, source_dtype, native, run, what, confirm) -> None:
         self.result = result  # the caller's arrays, held so that their ids stay their own
@@ -75,15 +75,17 @@ class _Again:
         self.what = what  # what a stall warning says of it (stalls.Call, or a description)
         self.confirm = confirm  # one_caller's confirmation of a blocking call's end (small.confirm_end)
         self.thread = get_ident()  # only the thread that made it runs it: another must be noted (threads.py)
-        self.handle = (WORLD if comm is None else comm).handle  # the thread's mark while in it (threads.FIRST_IN)
+        self.handle = comm.handle  # the thread's mark while in it (threads.FIRST_IN)
+        self.world = comm is WORLD  # a call that leaves its communicator out (None) means this one
 
     def ran(self, first, second, third, comm, algorithm):
         """Where these are the call's arguments (its result array's looked up by id), the call run
         again, and what its run returns (a started call's Request); else MISSED. It runs as
         one_caller.in_call runs a call, its checks and watched() inlined."""
         result, state = self.result, self.state
-        if not (first is self.first and second is self.second and third is self.third and comm is self.comm
-                and algorithm is self.algorithm and self.thread == get_ident() and state.broken is None
+        if not (first is self.first and second is self.second and third is self.third
+                and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
+                and self.thread == get_ident() and state.broken is None
                 and result.flags.writeable and result.dtype is self.dtype
                 and (self.source_dtype is None or first.dtype is self.source_dtype)
                 and (self.native or not IN_FLIGHT.running)):
@@ -126,8 +128,9 @@ class _NewResult(_Again):
     def ran(self, first, second, third, comm, algorithm):
         state = self.state
         if not (type(first) is NDARRAY and first.dtype is self.dtype and first.size == self.size
-                and first.flags.c_contiguous and second is self.second and comm is self.comm
-                and algorithm is self.algorithm and self.thread == get_ident() and state.broken is None):
+                and first.flags.c_contiguous and second is self.second
+                and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
+                and self.thread == get_ident() and state.broken is None):
             return MISSED
         result = np.empty_like(first)
         flat = first.ndim == 1  # a 1-D array is its own flat view: no reshape to pay for
