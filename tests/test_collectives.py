@@ -439,7 +439,7 @@ def _turn_arrays(rank, size, turn, made):
 @pytest.mark.parametrize("name", ["allreduce", "allreduce in place", "reduce_scatter", "reduce_scatter counts",
                                   "allgather", "broadcast", "reduce", "reduce in place"])
 def test_calls_on_new_arrays_of_a_shape_seen_before_give_mpi_s_result(comm, name, blocking):
-    """A shape's calls on other arrays than its first's (again.SHAPES: unbound on new arrays, bound once
+    """A shape's calls on other arrays than its first's (shapes.SHAPES: unbound on new arrays, bound once
     arrays come again), each result equal to MPI's own on the same inputs."""
     rank, size = comm.rank, comm.size
     local, failures = comm.Dup(), []
@@ -489,6 +489,56 @@ def test_calls_on_new_arrays_of_a_shape_seen_before_give_mpi_s_result(comm, name
     local.Free()
 
 
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "started"])
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "reduce"])
+def test_calls_that_make_their_result_on_arrays_of_a_shape_seen_before_give_mpi_s_result(comm, name, blocking):
+    """recvbuf None, a new result each call, on new send arrays and on one that comes again, turn by turn
+    (the layout of each call's arguments seen before: shapes.of_layout): each result MPI's own."""
+    rank, size = comm.rank, comm.size
+    local, failures, again = comm.Dup(), [], np.empty(3 * size, np.int64)
+    for turn, which in enumerate(TURNS):
+        send = np.arange(3 * size, dtype=np.int64) * (rank + 1) + 7 * turn
+        if which is not None:
+            again[:] = send
+            send = again
+        root = turn % size
+        started = getattr(ringtree, name if blocking else "i" + name)(send, comm=local,
+                                                                       **({"root": root} if name == "reduce" else {}))
+        got = started if blocking else started.wait()
+        expected = np.empty(3 * size * (size if name == "allgather" else 1), np.int64)
+        if name == "allreduce":
+            comm.Allreduce(send, expected)
+        elif name == "reduce_scatter":
+            expected = expected[:3]
+            comm.Reduce_scatter_block(send, expected)
+        elif name == "allgather":
+            comm.Allgather(send, expected)
+        else:
+            comm.Reduce(send, expected, root=root)
+            expected = expected if rank == root else None
+        if (got is None) != (expected is None) or (got is not None and not np.array_equal(got.reshape(-1), expected)):
+            failures.append(f"turn {turn}: {got} != {expected}")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
+def test_calls_on_distinct_arrays_after_one_on_two_views_of_one_memory_give_mpi_s_result(comm):
+    """A first allreduce whose send and receive arrays are two views of one memory runs in place; the
+    calls after it on distinct arrays of the same dtype and shape must not (shapes.layout_of). An
+    algorithm named: no online tuning's trials, whose calls keep no shape."""
+    local, failures = comm.Dup(), []
+    memory = np.arange(6, dtype=np.int64) * (comm.rank + 1)
+    ringtree.allreduce(memory[:], memory[:], comm=local, algorithm="ring")
+    for turn in range(4):
+        send, recv, expected = np.arange(6, dtype=np.int64) * (comm.rank + 1) + turn, np.zeros(6, np.int64), np.empty(6, np.int64)
+        comm.Allreduce(send, expected)
+        ringtree.allreduce(send, recv, comm=local, algorithm="ring")
+        if not np.array_equal(recv, expected):
+            failures.append(f"turn {turn}: {recv} != {expected}")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
 @pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast"])
 def test_calls_that_leave_comm_out_repeat_as_fast_as_those_that_name_it(comm, name, monkeypatch):
     """comm left out means COMM_WORLD: a loop of small calls on the same arrays that leaves it out goes
@@ -527,6 +577,62 @@ def test_calls_that_leave_comm_out_repeat_as_fast_as_those_that_name_it(comm, na
         failures.append(f"of the last 50 calls each, {full[True]} leaving comm out went the full path, "
                         f"{full[False]} naming it")
     assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])
+def test_a_call_on_arrays_of_a_seen_layout_that_fail_the_checks_is_refused_as_a_first_call_is(comm, name):
+    """After calls on arrays of one layout (shapes.of_layout), a call on arrays of that dtype and
+    shape that are not C-contiguous, read-only where written, or overlapping is refused as a first
+    call is, on every rank, its arrays untouched; the next good call gives MPI's result."""
+    rank, size = comm.rank, comm.size
+    local, failures = comm.Dup(), []
+    received = (2,) if name == "reduce_scatter" else (size, 2)
+
+    def call(send, recv):
+        if name in ("allreduce", "reduce_scatter"):
+            return getattr(ringtree, name)(send, recv, comm=local)
+        if name == "allgather":
+            return ringtree.allgather(send[:1], recv, comm=local)
+        if name == "broadcast":
+            return ringtree.broadcast(recv, 0, comm=local)
+        return ringtree.reduce(send, recv, root=0, comm=local)
+
+    def arrays():
+        return np.arange(2 * size, dtype=np.int64).reshape(size, 2) * (rank + 1), np.zeros(received, np.int64)
+
+    for _ in range(3):
+        call(*arrays())
+    strided = np.zeros((size, 4), np.int64)[:, ::2]
+    read_only = np.zeros(received, np.int64)
+    read_only.flags.writeable = False
+    shared = np.zeros(4 * size, np.int64)
+    overlapping = shared[:2 * size].reshape(size, 2), shared[1:1 + int(np.prod(received))].reshape(received)
+    send, recv = arrays()
+    # cases every rank refuses: the other ranks of a reduce do not look at recvbuf, a broadcast's root
+    # only reads its buffer
+    bad = {"reduce": {"not C-contiguous": (strided, recv)},
+           "broadcast": {"not C-contiguous": (send, strided)}}.get(name, {
+        "not C-contiguous": (send, strided if name != "reduce_scatter" else np.zeros(4, np.int64)[::2]),
+        "read-only": (send, read_only), "overlapping": overlapping})
+    for what, (given, taken) in bad.items():
+        before = taken.copy()
+        try:
+            call(given, taken)
+            failures.append(f"{what}: not refused")
+        except (TypeError, ValueError) as error:
+            if f"on rank {rank}" not in str(error):
+                failures.append(f"{what}: {error}")
+        if not np.array_equal(taken, before):
+            failures.append(f"{what}: the arrays were written")
+    send, recv = arrays()
+    got = call(send, recv)
+    expected = {"allreduce": lambda: comm.allreduce(send), "broadcast": lambda: np.zeros(received, np.int64),
+                "reduce": lambda: comm.reduce(send, root=0), "allgather": lambda: np.array(comm.allgather(send[:1])),
+                "reduce_scatter": lambda: comm.allreduce(send)[rank]}[name]()
+    if got is not None and not np.array_equal(np.asarray(got).reshape(-1), np.asarray(expected).reshape(-1)):
+        failures.append(f"after the refusals: {got} != {expected}")
+    assert_everywhere(comm, failures)
+    local.Free()
 
 
 @pytest.mark.parametrize("repeat", [False, True], ids=["first call", "repeat"])

@@ -1,14 +1,10 @@
 """The one path of every collective (allreduce, reduce_scatter, allgather, broadcast, reduce): a call is
 checked into a Prepared (collective_args.py), finds or builds its plan (kept per call shape in its
 communicator's state) and runs, blocking or started. The public functions, blocking, nonblocking and
-persistent, are each a line over `run`.
-
-A call finds what it shares with the calls before it on the same arguments (again.REPEATS, by
-their ids) after only the checks that its arrays can fail in place, and with those of its shape
-(again.SHAPES) after the checks of its arguments, or for an allreduce of numpy arrays, only those that
-new arrays can fail (again.repeat_of). A blocking call repeated on the same small arrays runs bound to
-them (again.AGAIN, which the public functions look up first). docs/design.md, "The call path".
-"""
+persistent, are each a line over `run`. What a call shares with the calls before it, the shortest way
+first: its run bound to the same small arrays (again.AGAIN, which the public functions look up), the
+same arguments again (shapes.REPEATS), other arrays of a layout seen before (shapes.of_layout; an
+allreduce's: shapes.repeat_of), a shape seen before (shapes.SHAPES). docs/design.md, "The call path"."""
 
 from __future__ import annotations
 
@@ -22,19 +18,7 @@ from mpi4py import MPI
 from .. import settings
 from ..ops import known_op
 from ..runtime import agreement
-from ..runtime.again import (
-    AGAIN,
-    REPEATS,
-    REPEATS_MAX,
-    SHAPES,
-    arguments_key,
-    forget_bound,
-    keep_again,
-    keep_new_result,
-    repeat_of,
-    shape_key,
-    steps_runner,
-)
+from ..runtime.again import AGAIN, keep_again, keep_new_result, steps_runner
 from ..runtime.backend import NumpyBackend
 from ..runtime.in_flight import IN_FLIGHT
 from ..runtime.mismatch import Signature, signature
@@ -51,6 +35,17 @@ from ..runtime.one_caller import in_call
 from ..runtime.plan import build_plan
 from ..runtime.refusal import refusing
 from ..runtime.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
+from ..runtime.shapes import (
+    REPEATS,
+    REPEATS_MAX,
+    SHAPES,
+    arguments_key,
+    forget_bound,
+    keep_shape,
+    of_layout,
+    repeat_of,
+    shape_key,
+)
 from ..runtime.small import confirm_end
 from ..runtime.stalls import watched
 from ..runtime.state import comm_state
@@ -192,12 +187,12 @@ def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recv
 
 
 def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
-    """An allreduce of a shape seen before (again.repeat_of's `hit`), run; bound to its arrays once
+    """An allreduce of a shape seen before (shapes.repeat_of's `hit`), run; bound to its arrays once
     they come again (as _first binds)."""
     plan, state, steps, source, target, inplace, seen = hit
     recvbuf, what, last = buffers[1], plan.what, seen[2]
     if kept and (last is None or last[0] is not buffers[0] or last[1] is not recvbuf or last[2] is not buffers[2]):
-        seen[1:], kept = (None, buffers), False
+        seen[1:3], kept = (None, buffers), False
     native = plan.native is not None
     if not blocking:
         start = partial(_started, plan, state, source, target, inplace, what, recvbuf)
@@ -230,8 +225,14 @@ class _Done(NamedTuple):
 
 
 def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept):
-    """A call past the repeat paths: its arguments checked; what it shares with the calls of its shape
-    looked up (SHAPES), else found or made (its plan among them); bound to its arrays (_bound)."""
+    """A call past the repeat paths: on arrays of a layout seen before, only what they can fail checked
+    (of_layout); else its arguments checked and what it shares with the calls of its shape looked up
+    (SHAPES), else found or made (its plan among them); bound to its arrays (_bound)."""
+    hit = of_layout(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) if key is not None else None
+    if hit is not None:
+        if hit[0].comparison is not None:
+            _agree(hit[0])
+        return _bound(*hit, name, blocking, buffers, None, False, algorithm, segment, check, comm)
     given = timeout
     call, state, current, timeout = _checked(name, comm, algorithm, segment, check, timeout, buffers)
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
@@ -248,14 +249,13 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
                 _agree(shape)
             if key is None or key != last:
                 # Bound only once its arrays come again: new arrays each call would pay for bindings unused.
-                seen[1:] = key, buffers  # the buffers held, so that their ids in the key stay theirs
+                seen[1:3] = key, buffers  # the buffers held, so that their ids in the key stay theirs
                 key, kept = None, False
             return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
     shape = _shaped(name, comm, algorithm, segment, check, timeout, call, state, current)
     if key_of_shape is not None and shape.trial is None:
-        if len(SHAPES) >= REPEATS_MAX:
-            SHAPES.clear()
-        SHAPES[key_of_shape] = [shape._replace(arguments=(comm, current), call=None), None, None]
+        keep_shape(key_of_shape, shape._replace(arguments=(comm, current), call=None), call, name, blocking, comm,
+                   algorithm, segment, check, given, buffers, key)
     return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
 
 

@@ -1,6 +1,5 @@
-"""Calls repeated: a call's run kept bound to its small arrays (AGAIN, the fastest path of every
-collective), what any call shares with its repeats on the same arguments (REPEATS) and with the
-calls of its shape (SHAPES; repeat_of, an allreduce's look-up in it on new arrays).
+"""Calls repeated on the same arrays: a call's run kept bound to its small arrays (AGAIN, the fastest
+path of every collective); what calls share without being bound to arrays is in shapes.py.
 
 Each public function looks its result array up in its own AGAIN entries (by id)
 and, if the other arguments are the same objects as before and the arrays pass
@@ -15,10 +14,9 @@ from functools import partial
 import numpy as np
 from mpi4py import MPI
 
-from .. import settings
 from ..errors import PeerFailure
-from ..ops import ReduceOp, known_op
-from ..schedule.ir import ALLREDUCE, COLLECTIVES
+from ..ops import ReduceOp
+from ..schedule.ir import COLLECTIVES
 from .in_flight import IN_FLIGHT
 from .native import run_native
 from .one_caller import intruded, one_caller
@@ -26,8 +24,7 @@ from .stalls import WAITING, watched
 from .stepwise import bound_steps, run_stepwise
 from .threads import FIRST_IN, THREADED, get_ident
 
-__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "REPEATS", "SHAPES", "arguments_key", "shape_key", "forget_bound",
-           "keep_again", "keep_new_result", "steps_runner", "repeat_of"]
+__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "steps_runner"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -150,53 +147,10 @@ AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
 NATIVE_AGAIN_MAX = 1 << 20
 AGAIN_ENTRIES = 16
 
-# Calls by their arguments' ids and values (call_path._arguments_key): what a call shares with the
-# calls after it on the same arguments.
-REPEATS: dict = {}
-REPEATS_MAX = 64
-# By a call's shape (call_path._first): [what its calls share but their arrays, the arguments key
-# and the arguments of the last call of the shape that was not bound to its arrays].
-SHAPES: dict = {}
 # The arguments a repeat holds by identity (held by it, so that their ids stay theirs), and those
 # it holds by value.
 BY_ID = frozenset((np.ndarray, MPI.Op, ReduceOp, type(MPI.IN_PLACE)))
 BY_VALUE = frozenset((int, str, type(None)))
-
-
-def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
-    """A call's key in REPEATS, where its arrays are numpy's own and its other arguments plain values;
-    None for any other (tensors, buffer specifications). A blocking call and a started one differ: the
-    first may run through its plan's persistent request (native_runner)."""
-    parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
-    for value in buffers:
-        kind = type(value)
-        if kind in BY_ID:
-            parts.append(id(value))
-        elif kind in BY_VALUE:
-            parts.append(value)
-        elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
-            parts.append(tuple(value))
-        else:
-            return None
-    return tuple(parts)
-
-
-def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current, collective, count, dtype,
-              reduce_op, inplace) -> tuple:
-    """A call's key in SHAPES: its collective's name, blocking or started, communicator, options as given
-    and settings (by identity: SHAPES holds them), and its checked collective, count, dtype, op and
-    whether it is in place."""
-    return (name, blocking, id(comm), algorithm, segment, check, timeout, id(current), collective, count, dtype,
-            reduce_op, inplace)
-
-
-def forget_bound() -> None:
-    """Forget every run kept bound to arrays: a plan they may hold was freed, or they may wait inside
-    MPI, which a call may no longer do."""
-    for kept in AGAIN.values():
-        kept.clear()
-    REPEATS.clear()
-    SHAPES.clear()
 
 
 def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, comm, state, run, after, what, confirm,
@@ -244,36 +198,3 @@ def _may_keep(state) -> bool:
 def _then(run, after) -> None:
     run()
     after()
-
-
-def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):
-    """The shortcut of a stepwise or native allreduce of a shape seen before (SHAPES, as call_path._first
-    keys it) on the same communicator: same op, algorithm, dtype, size and in-place-ness, numpy arrays,
-    default segment, check and timeout. Only what may differ between such calls is checked: the arrays'
-    layout, writability and overlap. Returns (plan, state, steps, source, target, in place, its SHAPES
-    entry), or None for allreduce to check the call in full. A `blocking` call takes it only with
-    nothing in flight (the stepwise path)."""
-    if ((get_ident() != THREADED[0] and not THREADED[1])  # a second thread's first call: allreduce notes it
-            or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
-            or type(algorithm) is not str or (blocking and IN_FLIGHT.running)):
-        return None
-    inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
-    seen = SHAPES.get(shape_key("allreduce", blocking, WORLD if comm is None else comm, algorithm, None, None, None,
-                                settings.current(), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
-    if seen is None:
-        return None
-    plan, state, flags = seen[0].plan, seen[0].state, recvbuf.flags
-    steps = plan.in_place_steps if inplace else plan.steps
-    if (not flags.carray or state.broken is not None  # carray: C-contiguous, writeable
-            or seen[0].comparison is not None or seen[0].timeout is not None
-            or (blocking and plan.native is None and (plan.bound is None or steps is None))):
-        return None
-    target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-    if inplace:
-        return plan, state, steps, target, target, True, seen
-    if type(sendbuf) is not NDARRAY or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
-        return None
-    flags = sendbuf.flags
-    if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
-        return None  # views may overlap, which allreduce checks
-    return plan, state, steps, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target, False, seen

@@ -11,12 +11,12 @@ from ..schedule.ir import Collective
 from ..schedule.staging import is_host
 from ..tuning.online import NATIVE
 from ..tuning.selector import WINDOW
-from .again import forget_bound
 from .compiled import CompiledSchedule, compiled
 from .engine import Execution
 from .in_flight import LOCK
 from .mismatch import Signature
 from .native import MPICollective, native_plan
+from .shapes import forget_bound
 from .stalls import Call
 from .transports import routed
 

@@ -1,0 +1,226 @@
+"""What calls share without being bound to their arrays: a call with its repeats on the same arguments
+(REPEATS, by their ids), and with the calls of its shape (SHAPES): by the checked shape, found after
+a call's checks, and by its arguments' layout, found with only the checks that other arrays of the
+layout can fail (of_layout; repeat_of, an allreduce's own look-up by its checked shape). Runs bound
+to the arrays are again.py's; `docs/design.md`, "The call path".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import settings
+from ..ops import known_op
+from ..schedule.ir import ALLREDUCE
+from .again import AGAIN, BY_ID, BY_VALUE
+from .in_flight import IN_FLIGHT
+from .threads import THREADED, get_ident
+
+__all__ = ["REPEATS", "REPEATS_MAX", "SHAPES", "arguments_key", "shape_key", "layout_key", "of_layout", "keep_shape",
+           "forget_bound", "repeat_of"]
+
+IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
+
+# Calls by their arguments' ids and values (arguments_key): what a call shares with the calls after
+# it on the same arguments.
+REPEATS: dict = {}
+REPEATS_MAX = 64  # entries, of REPEATS and of SHAPES
+# By a call's shape (shape_key) and its arguments' layout (layout_key): [what its calls share but
+# their arrays, the arguments key and the arguments of the last call of the shape that was not bound
+# to its arrays, the layout (layout_of) or None].
+SHAPES: dict = {}
+
+
+def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
+    """A call's key in REPEATS, where its arrays are numpy's own and its other arguments plain values;
+    None for any other (tensors, buffer specifications). A blocking call and a started one differ: the
+    first may run through its plan's persistent request (native_runner)."""
+    parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
+    for value in buffers:
+        kind = type(value)
+        if kind in BY_ID:
+            parts.append(id(value))
+        elif kind in BY_VALUE:
+            parts.append(value)
+        elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
+            parts.append(tuple(value))
+        else:
+            return None
+    return tuple(parts)
+
+
+def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current, collective, count, dtype,
+              reduce_op, inplace) -> tuple:
+    """A call's key in SHAPES: its collective's name, blocking or started, communicator, options as given
+    and settings (by identity: SHAPES holds them), and its checked collective, count, dtype, op and
+    whether it is in place."""
+    return (name, blocking, id(comm), algorithm, segment, check, timeout, id(current), collective, count, dtype,
+            reduce_op, inplace)
+
+
+def layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
+    """A call's key in SHAPES by its arguments' layout, where they are numpy arrays (by dtype, shape and
+    which of them are one array) and plain values: what calls on other arrays of the layout share
+    (of_layout); None for any other arguments."""
+    parts, arrays = ["layout", name, blocking, id(comm), algorithm, segment, check, timeout, id(settings.current())], []
+    for value in buffers:
+        kind = type(value)
+        if kind is NDARRAY:
+            same = next((index for index, array in enumerate(arrays) if array is value), len(arrays))
+            parts.append((value.dtype, value.shape, same))
+            arrays.append(value)
+        elif kind in BY_ID:
+            parts.append(id(value))
+        elif kind in BY_VALUE:
+            parts.append(value)
+        elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
+            parts.append(tuple(value))
+        else:
+            return None
+    return tuple(parts)
+
+
+def of_layout(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) -> tuple | None:
+    """(what the calls of its shape share, the call checked) of a call on numpy arrays of a layout seen
+    before (SHAPES by layout_key; `key`, its arguments_key), after only the checks that other arrays
+    of the layout can fail (rebound); None for the call to go the way of its full checks, as also
+    where its arrays are those of the last call of the shape, which that way binds to them."""
+    if get_ident() != THREADED[0] and not THREADED[1]:
+        return None  # a second thread's first call: the checks note it
+    seen = SHAPES.get(layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers))
+    if seen is None or seen[3] is None or key == seen[1] or seen[0].state.broken is not None:
+        return None
+    call = rebound(seen[3], buffers)
+    if call is None:
+        return None
+    seen[1:3] = key, buffers  # the buffers held, so that their ids in the key stay theirs
+    return seen[0], call
+
+
+def keep_shape(key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, timeout, buffers,
+               key) -> None:
+    """Keep what the calls of a shape share (`shape`, with no arrays) by the shape's key and, where the
+    call's arguments have a key (`key`) and their layout a way to other arrays (layout_of), by its
+    layout's too: one entry, [shape, the arguments key and buffers of the last call not bound to its
+    arrays, the layout]."""
+    if len(SHAPES) >= REPEATS_MAX:
+        SHAPES.clear()
+    layout = layout_of(call, buffers) if key is not None else None
+    SHAPES[key_of_shape] = entry = [shape, None, None, layout]
+    if layout is not None:
+        SHAPES[layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers)] = entry
+
+
+def layout_of(call, buffers) -> tuple | None:
+    """How a checked call's arrays come from its `buffers`, for calls on other arrays of their layout
+    (rebound): (the call's type and its fields but its arrays, where its source and target lie in the
+    buffers or a new result, its result, the buffers that must be writeable); None where the call
+    holds more than views of them (a scratch target, an `after`, a context), a new result that is not a
+    numpy array, or two of its arrays share memory."""
+    if call.after is not None or call.context is not None:
+        return None
+    result, arrays = call.result, [value if type(value) is NDARRAY else None for value in buffers]
+    first, *others = [array for array in arrays if array is not None] or [None]
+    if any(other is not first and np.may_share_memory(first, other) for other in others):
+        return None  # two views of one memory (in place by aliasing): a place would not say which
+    made = None if result is None else next((index for index, value in enumerate(buffers) if value is result), None)
+    if made is None and result is not None:
+        if type(result) is not NDARRAY:
+            return None
+        made = (result.shape, result.dtype)
+        arrays.append(result)  # where a place's index is len(buffers)
+    places = [_place(array, arrays) for array in (call.source, call.target)]
+    if None in places:
+        return None
+    written = tuple(index for index in {places[1][0], made if type(made) is int else -1}
+                    if 0 <= index < len(buffers) and buffers[index].flags.writeable)  # as the first call's were
+    return type(call), call[:2] + call[4:7], places[0], places[1], made, written
+
+
+def _place(array, arrays) -> tuple | None:
+    """(i, start, stop): `array` (1-D) is elements start:stop of arrays[i] flattened; or None."""
+    at = array.__array_interface__["data"][0]
+    for index, whole in enumerate(arrays):
+        if whole is not None and whole.dtype == array.dtype:
+            first = whole.__array_interface__["data"][0]
+            if first <= at and at + array.nbytes <= first + whole.nbytes and (at - first) % array.itemsize == 0:
+                start = (at - first) // array.itemsize
+                return index, start, start + array.size
+    return None
+
+
+def rebound(layout, buffers):
+    """The call of `layout` (layout_of) on these buffers, of its layout (layout_key), after only the checks
+    other arrays of a layout can fail: C-contiguous, writeable where written, distinct arrays apart;
+    None where one fails (the call's full checks then say what)."""
+    kind, (collective, count, inplace, backend, reduce_op), source, target, made, written = layout
+    first = other = None
+    for value in buffers:  # two arrays at most
+        if type(value) is NDARRAY:
+            if not value.flags.c_contiguous:
+                return None
+            if first is None:
+                first = value
+            elif value is not first:
+                other = value
+    if other is not None and np.may_share_memory(first, other):
+        return None
+    for index in written:
+        if not buffers[index].flags.writeable:
+            return None
+    if made is None or type(made) is int:
+        result = made if made is None else buffers[made]
+    else:
+        result = np.empty(*made)
+        buffers = (*buffers, result)
+    return kind(collective, count, _flat(buffers, *source), _flat(buffers, *target), inplace, backend, reduce_op,
+                result, None, None)
+
+
+def _flat(buffers, index: int, start: int, stop: int):
+    array = buffers[index]
+    flat = array if array.ndim == 1 else array.reshape(-1)
+    return flat if start == 0 and stop == flat.size else flat[start:stop]
+
+
+def forget_bound() -> None:
+    """Forget every run kept bound to arrays: a plan they may hold was freed, or they may wait inside
+    MPI, which a call may no longer do."""
+    for kept in AGAIN.values():
+        kept.clear()
+    REPEATS.clear()
+    SHAPES.clear()
+
+
+def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):
+    """The shortcut of a stepwise or native allreduce of a shape seen before (SHAPES, as call_path._first
+    keys it) on the same communicator: same op, algorithm, dtype, size and in-place-ness, numpy arrays,
+    default segment, check and timeout. Only what may differ between such calls is checked: the arrays'
+    layout, writability and overlap. Returns (plan, state, steps, source, target, in place, its SHAPES
+    entry), or None for allreduce to check the call in full. A `blocking` call takes it only with
+    nothing in flight (the stepwise path)."""
+    if ((get_ident() != THREADED[0] and not THREADED[1])  # a second thread's first call: allreduce notes it
+            or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
+            or type(algorithm) is not str or (blocking and IN_FLIGHT.running)):
+        return None
+    inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
+    seen = SHAPES.get(shape_key("allreduce", blocking, WORLD if comm is None else comm, algorithm, None, None, None,
+                                settings.current(), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
+    if seen is None:
+        return None
+    plan, state, flags = seen[0].plan, seen[0].state, recvbuf.flags
+    steps = plan.in_place_steps if inplace else plan.steps
+    if (not flags.carray or state.broken is not None  # carray: C-contiguous, writeable
+            or seen[0].comparison is not None or seen[0].timeout is not None
+            or (blocking and plan.native is None and (plan.bound is None or steps is None))):
+        return None
+    target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    if inplace:
+        return plan, state, steps, target, target, True, seen
+    if type(sendbuf) is not NDARRAY or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
+        return None
+    flags = sendbuf.flags
+    if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
+        return None  # views may overlap, which allreduce checks
+    return plan, state, steps, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target, False, seen
