@@ -551,10 +551,11 @@ def test_calls_that_leave_comm_out_repeat_as_fast_as_those_that_name_it(comm, na
     for module in (public_allreduce, public):
         monkeypatch.setattr(module, "run", lambda *arguments, run=module.run: entered.append(1) or run(*arguments))
     data, out, expected = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
+    mine, theirs = data[:1], out[:1]  # views made once: the call's arrays each time
     ours = {"allreduce": lambda **given: ringtree.allreduce(data, out, **given),
             "iallreduce": lambda **given: ringtree.iallreduce(data, out, **given).wait(),
-            "reduce_scatter": lambda **given: ringtree.reduce_scatter(data, out[:1], **given),
-            "allgather": lambda **given: ringtree.allgather(data[:1], out, **given),
+            "reduce_scatter": lambda **given: ringtree.reduce_scatter(data, theirs, **given),
+            "allgather": lambda **given: ringtree.allgather(mine, out, **given),
             "broadcast": lambda **given: ringtree.broadcast(out, 0, **given)}[name]
     mpi = {"allreduce": lambda: comm.Allreduce(data, expected), "iallreduce": lambda: comm.Allreduce(data, expected),
            "reduce_scatter": lambda: comm.Reduce_scatter_block(data, expected[:1]),
@@ -577,6 +578,103 @@ def test_calls_that_leave_comm_out_repeat_as_fast_as_those_that_name_it(comm, na
         failures.append(f"of the last 50 calls each, {full[True]} leaving comm out went the full path, "
                         f"{full[False]} naming it")
     assert_everywhere(comm, failures)
+
+
+def _mpi_s_own(name, comm, data, expected, op):
+    """MPI's own call of these small calls' tests: expected gets its result (a block of data.size / ranks
+    elements each, where the call has blocks)."""
+    block = data.size // comm.size
+    if name.endswith("allreduce"):
+        comm.Allreduce(data, expected, op)
+    elif name == "reduce_scatter":
+        comm.Reduce_scatter_block(data, expected[:block], op)
+    elif name == "allgather":
+        comm.Allgather(data[:block], expected)
+    else:
+        comm.Bcast(expected, 0)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast"])
+def test_calls_taking_turns_among_three_sets_of_arrays_repeat_as_fast_as_calls_on_one(comm, name, monkeypatch):
+    """A loop taking turns among three sets of arrays of one shape goes the full path (call_path.run) no
+    more often than a loop on one set: each set is bound to its arrays once it comes again
+    (shapes.seen_before); every result MPI's own."""
+    from ringtree.api import allreduce as public_allreduce
+    from ringtree.api import collectives as public
+
+    entered, failures, rank, size = [], [], comm.rank, comm.size
+    for module in (public_allreduce, public):
+        monkeypatch.setattr(module, "run", lambda *arguments, run=module.run: entered.append(1) or run(*arguments))
+    local = comm.Dup()
+    sets = [(np.empty(size, np.int64), np.empty(size, np.int64), MPI.SUM) for _ in range(3)]
+    views = {id(array): array[:1] for data, out, _ in sets for array in (data, out)}  # made once, as a loop's
+    ours = {"allreduce": lambda data, out, op: ringtree.allreduce(data, out, op, comm=local),
+            "iallreduce": lambda data, out, op: ringtree.iallreduce(data, out, op, comm=local).wait(),
+            "reduce_scatter": lambda data, out, op: ringtree.reduce_scatter(data, views[id(out)], None, op, comm=local),
+            "allgather": lambda data, out, op: ringtree.allgather(views[id(data)], out, comm=local),
+            "broadcast": lambda data, out, op: ringtree.broadcast(out, 0, comm=local)}[name]
+    shown = slice(0, 1) if name == "reduce_scatter" else slice(None)
+    full = {}
+    for loop, turns in (("one set", [0]), ("three sets in turn", [0, 1, 2])):
+        full[loop] = 0
+        for call in range(400):  # past online tuning's trials of the shapes
+            data, out, op = sets[turns[call % len(turns)]]
+            data[:] = np.arange(size) * (rank + 1) + call
+            out[:] = data if rank == 0 else 0
+            expected = out.copy()
+            _mpi_s_own(name, comm, data, expected, op)
+            entered.clear()
+            ours(data, out, op)
+            full[loop] += len(entered) if call >= 300 else 0
+            if not np.array_equal(out[shown], expected[shown]):
+                failures.append(f"{loop}, call {call}: {out[shown]} != {expected[shown]}")
+                break
+    if full["three sets in turn"] > full["one set"]:
+        failures.append(f"of the last 100 calls, {full} went the full path")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
+@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast"])
+def test_the_arrays_of_a_communicator_s_first_call_repeat_as_fast_as_those_of_a_later_call(comm, name, monkeypatch):
+    """Nothing is bound to arrays before a communicator's first call is confirmed (again.may_keep); its
+    arrays are bound once they come again, so a loop on them goes the full path (call_path.run) no more
+    often than a loop on arrays that a later call brings first; every result MPI's own."""
+    from ringtree.api import allreduce as public_allreduce
+    from ringtree.api import collectives as public
+
+    entered, failures, rank, size = [], [], comm.rank, comm.size
+    for module in (public_allreduce, public):
+        monkeypatch.setattr(module, "run", lambda *arguments, run=module.run: entered.append(1) or run(*arguments))
+    local = comm.Dup()
+    full = {}
+    for loop, count in (("first", size), ("later", 2 * size)):  # another shape: a first call of its own
+        data, out, expected = (np.empty(count, np.int64) for _ in range(3))
+        block, full[loop] = count // size, 0
+        mine, theirs = data[:block], out[:block]  # views made once: the call's arrays each time
+        for call in range(400):  # past online tuning's trials of the shape
+            data[:] = np.arange(count) * (rank + 1) + call
+            out[:] = expected[:] = data if rank == 0 else 0
+            _mpi_s_own(name, comm, data, expected, MPI.SUM)
+            entered.clear()
+            if name.endswith("allreduce"):
+                got = getattr(ringtree, name)(data, out, comm=local)
+                got = got.wait() if name == "iallreduce" else got
+            elif name == "reduce_scatter":
+                ringtree.reduce_scatter(data, theirs, comm=local)
+            elif name == "allgather":
+                ringtree.allgather(mine, out, comm=local)
+            else:
+                ringtree.broadcast(out, 0, comm=local)
+            full[loop] += len(entered) if call >= 300 else 0
+            shown = slice(0, block) if name == "reduce_scatter" else slice(None)
+            if not np.array_equal(out[shown], expected[shown]):
+                failures.append(f"{loop}, call {call}: {out[shown]} != {expected[shown]}")
+                break
+    if full["first"] > full["later"]:
+        failures.append(f"of the last 100 calls, {full} went the full path")
+    assert_everywhere(comm, failures)
+    local.Free()
 
 
 @pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])

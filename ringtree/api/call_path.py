@@ -18,7 +18,7 @@ from mpi4py import MPI
 from .. import settings
 from ..ops import known_op
 from ..runtime import agreement
-from ..runtime.again import AGAIN, keep_again, keep_new_result, steps_runner
+from ..runtime.again import AGAIN, keep_again, keep_new_result, may_keep, steps_runner
 from ..runtime.backend import NumpyBackend
 from ..runtime.in_flight import IN_FLIGHT
 from ..runtime.mismatch import Signature, signature
@@ -44,6 +44,7 @@ from ..runtime.shapes import (
     keep_shape,
     of_layout,
     repeat_of,
+    seen_before,
     shape_key,
 )
 from ..runtime.small import confirm_end
@@ -190,9 +191,9 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     """An allreduce of a shape seen before (shapes.repeat_of's `hit`), run; bound to its arrays once
     they come again (as _first binds)."""
     plan, state, steps, source, target, inplace, seen = hit
-    recvbuf, what, last = buffers[1], plan.what, seen[2]
-    if kept and (last is None or last[0] is not buffers[0] or last[1] is not recvbuf or last[2] is not buffers[2]):
-        seen[1:3], kept = (None, buffers), False
+    recvbuf, what = buffers[1], plan.what
+    if kept and not seen_before(seen, (id(buffers[0]), id(recvbuf), id(buffers[2])), buffers):
+        kept = False
     native = plan.native is not None
     if not blocking:
         start = partial(_started, plan, state, source, target, inplace, what, recvbuf)
@@ -244,13 +245,11 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
                                  call.count, call.source.dtype, call.reduce_op, call.inplace)
         seen = SHAPES.get(key_of_shape)
         if seen is not None and seen[0].state is state:
-            shape, last = seen[0], seen[1]
+            shape = seen[0]
             if shape.comparison is not None:
                 _agree(shape)
-            if key is None or key != last:
-                # Bound only once its arrays come again: new arrays each call would pay for bindings unused.
-                seen[1:3] = key, buffers  # the buffers held, so that their ids in the key stay theirs
-                key, kept = None, False
+            if key is None or not seen_before(seen, key, buffers):
+                key, kept = None, False  # bound once its arrays come again: new arrays would not use it
             return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
     shape = _shaped(name, comm, algorithm, segment, check, timeout, call, state, current)
     if key_of_shape is not None and shape.trial is None:
@@ -328,7 +327,8 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
             elif run is not None or (steps is not None and may_step(state, None)):
                 keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
-    if key is not None and trial is None and (call.result is None or any(written for *_, written in arrays)):
+    if (key is not None and trial is None and may_keep(state)  # else bound once the arrays come again (keep_shape)
+            and (call.result is None or any(written for *_, written in arrays))):
         if len(REPEATS) >= REPEATS_MAX:
             REPEATS.clear()
         REPEATS[key] = repeat

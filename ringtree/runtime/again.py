@@ -24,7 +24,7 @@ from .stalls import WAITING, watched
 from .stepwise import bound_steps, run_stepwise
 from .threads import FIRST_IN, THREADED, get_ident
 
-__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "steps_runner"]
+__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -162,7 +162,7 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     every call). `native`: a blocking run waits in MPI's own only; `confirm`: one_caller's for a
     blocking call."""
     largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
-    if name == "reduce" or nbytes > largest or not _may_keep(state):
+    if name == "reduce" or nbytes > largest or not may_keep(state):
         return
     own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
     if result is not own or type(result) is not NDARRAY or not all(
@@ -181,11 +181,11 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
 def keep_new_result(source, op, algorithm, comm, state, own, what, confirm) -> None:
     """Keep a blocking allreduce into a new array on `source`, whose shape runs MPI's own plan `own`,
     for the calls of its shape after it (_NewResult); `confirm` as for keep_again."""
-    if _may_keep(state):
+    if may_keep(state):
         AGAIN["allreduce"][id(None)] = _NewResult(source, op, algorithm, comm, state, own, what, confirm)
 
 
-def _may_keep(state) -> bool:
+def may_keep(state) -> bool:
     """Whether a run may be kept bound on `state`'s communicator: not with several threads and no
     signatures (its waits would be inside MPI), nor, where signatures are on, before the communicator's
     first call is confirmed (one_caller.py), which an entry's run skips: a first call that raised leaves

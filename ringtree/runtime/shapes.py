@@ -13,12 +13,12 @@ from mpi4py import MPI
 from .. import settings
 from ..ops import known_op
 from ..schedule.ir import ALLREDUCE
-from .again import AGAIN, BY_ID, BY_VALUE
+from .again import AGAIN, BY_ID, BY_VALUE, may_keep
 from .in_flight import IN_FLIGHT
 from .threads import THREADED, get_ident
 
 __all__ = ["REPEATS", "REPEATS_MAX", "SHAPES", "arguments_key", "shape_key", "layout_key", "of_layout", "keep_shape",
-           "forget_bound", "repeat_of"]
+           "seen_before", "forget_bound", "repeat_of"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -27,9 +27,10 @@ IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 REPEATS: dict = {}
 REPEATS_MAX = 64  # entries, of REPEATS and of SHAPES
 # By a call's shape (shape_key) and its arguments' layout (layout_key): [what its calls share but
-# their arrays, the arguments key and the arguments of the last call of the shape that was not bound
-# to its arrays, the layout (layout_of) or None].
+# their arrays, the arguments of its last calls that ran unbound (seen_before), the layout (layout_of)
+# or None].
 SHAPES: dict = {}
+RECENT = 4  # argument sets: a loop that takes turns among as many binds each to its arrays
 
 
 def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
@@ -89,25 +90,39 @@ def of_layout(name, blocking, comm, algorithm, segment, check, timeout, buffers,
     if get_ident() != THREADED[0] and not THREADED[1]:
         return None  # a second thread's first call: the checks note it
     seen = SHAPES.get(layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers))
-    if seen is None or seen[3] is None or key == seen[1] or seen[0].state.broken is not None:
+    if seen is None or seen[2] is None or key in seen[1] or seen[0].state.broken is not None:
         return None
-    call = rebound(seen[3], buffers)
+    call = rebound(seen[2], buffers)
     if call is None:
         return None
-    seen[1:3] = key, buffers  # the buffers held, so that their ids in the key stay theirs
+    seen_before(seen, key, buffers)
     return seen[0], call
+
+
+def seen_before(entry, key, buffers) -> bool:
+    """Whether a call's arguments (`key`; `buffers`, held so that the ids in it stay theirs) are among the
+    last RECENT that its shape's calls ran unbound (the SHAPES `entry`); remembered if not. A call is
+    bound to its arrays once they come again: new arrays each call would pay for bindings unused."""
+    recent = entry[1]
+    if key in recent:
+        return True
+    if len(recent) >= RECENT:
+        del recent[next(iter(recent))]
+    recent[key] = buffers
+    return False
 
 
 def keep_shape(key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, timeout, buffers,
                key) -> None:
     """Keep what the calls of a shape share (`shape`, with no arrays) by the shape's key and, where the
     call's arguments have a key (`key`) and their layout a way to other arrays (layout_of), by its
-    layout's too: one entry, [shape, the arguments key and buffers of the last call not bound to its
-    arrays, the layout]."""
+    layout's too: one entry (SHAPES)."""
     if len(SHAPES) >= REPEATS_MAX:
         SHAPES.clear()
     layout = layout_of(call, buffers) if key is not None else None
-    SHAPES[key_of_shape] = entry = [shape, None, None, layout]
+    SHAPES[key_of_shape] = entry = [shape, {}, layout]
+    if key is not None and not may_keep(shape.state):
+        seen_before(entry, key, buffers)  # its arrays are not bound now: bound once they come again
     if layout is not None:
         SHAPES[layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers)] = entry
 
