@@ -677,6 +677,39 @@ def test_the_arrays_of_a_communicator_s_first_call_repeat_as_fast_as_those_of_a_
     local.Free()
 
 
+@pytest.mark.parametrize("name", ["reduce_scatter", "allgather", "reduce"])
+def test_new_arrays_of_a_second_layout_of_a_shape_skip_the_checks_as_those_of_its_first_do(comm, name, monkeypatch):
+    """A shape's calls on new arrays with recvbuf given, then with a new result each call (another layout
+    of the same shape, shapes.keep_shape): the second layout's calls go the full checks
+    (call_path._checked) no more often than the first's; every result MPI's own."""
+    from ringtree.api import call_path
+
+    rank, size = comm.rank, comm.size
+    local, failures, checked = comm.Dup(), [], []
+    monkeypatch.setattr(call_path, "_checked", lambda *arguments, checks=call_path._checked: checked.append(1)
+                        or checks(*arguments))
+    full = {}
+    for layout in ("recvbuf given", "new result"):
+        full[layout] = 0
+        for call in range(60):
+            send = np.arange(2 * size, dtype=np.int64) * (rank + 1) + call
+            given = None if layout == "new result" else np.empty(2 * size * (size if name == "allgather" else 1) // (
+                size if name == "reduce_scatter" else 1), np.int64)
+            checked.clear()
+            got = getattr(ringtree, name)(send, given, comm=local)
+            full[layout] += len(checked) if call >= 10 else 0
+            everyone = comm.allgather(send)
+            expected = (np.sum(everyone, axis=0)[2 * rank:2 * rank + 2] if name == "reduce_scatter" else
+                        np.concatenate(everyone) if name == "allgather" else np.sum(everyone, axis=0) if rank == 0 else None)
+            if (got is None) != (expected is None) or (got is not None and not np.array_equal(got.reshape(-1), expected)):
+                failures.append(f"{layout}, call {call}: {got} != {expected}")
+                break
+    if full["new result"] > full["recvbuf given"]:
+        failures.append(f"of the last 50 calls of each layout, {full} went the full checks")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
 @pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])
 def test_a_call_on_arrays_of_a_seen_layout_that_fail_the_checks_is_refused_as_a_first_call_is(comm, name):
     """After calls on arrays of one layout (shapes.of_layout), a call on arrays of that dtype and

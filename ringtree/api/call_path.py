@@ -72,13 +72,11 @@ def run(name: str, blocking: bool, comm, algorithm, segment, check, timeout, *bu
     """A call of collective `name` on `buffers` (its arguments, as the public function takes them):
     its result where `blocking`, else its Request."""
     confirm = None if not blocking else confirm_end if timeout is None else partial(confirm_end, timeout=timeout)
-    return in_call(comm, _called, name, blocking, comm, algorithm, segment, check, timeout, buffers, True,
-                   confirm=confirm)
+    return in_call(comm, _called, name, blocking, comm, algorithm, segment, check, timeout, buffers, True, confirm=confirm)
 
 
 class _Repeat(NamedTuple):
     """What a call shares with its repeats on the same arguments, or (no arrays bound) of its shape."""
-
     arguments: tuple  # the caller's communicator and buffers, held so that their ids in the key stay theirs
     arrays: tuple  # (array, dtype, written?) of the caller's numpy arrays: what may change in them in place
     call: Prepared
@@ -248,13 +246,15 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
             shape = seen[0]
             if shape.comparison is not None:
                 _agree(shape)
+            keep_shape(seen, key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, given, buffers,
+                       key)  # the layout of its arguments, if new
             if key is None or not seen_before(seen, key, buffers):
                 key, kept = None, False  # bound once its arrays come again: new arrays would not use it
             return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
     shape = _shaped(name, comm, algorithm, segment, check, timeout, call, state, current)
     if key_of_shape is not None and shape.trial is None:
-        keep_shape(key_of_shape, shape._replace(arguments=(comm, current), call=None), call, name, blocking, comm,
-                   algorithm, segment, check, given, buffers, key)
+        keep_shape(None, key_of_shape, shape._replace(arguments=(comm, current), call=None), call, name, blocking,
+                   comm, algorithm, segment, check, given, buffers, key)
     return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
 
 

@@ -26,9 +26,9 @@ IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 # it on the same arguments.
 REPEATS: dict = {}
 REPEATS_MAX = 64  # entries, of REPEATS and of SHAPES
-# By a call's shape (shape_key) and its arguments' layout (layout_key): [what its calls share but
-# their arrays, the arguments of its last calls that ran unbound (seen_before), the layout (layout_of)
-# or None].
+# By a call's shape (shape_key): [what its calls share but their arrays, the arguments of its last
+# calls that ran unbound (seen_before)]; by a call's arguments' layout (layout_key): (its shape's
+# entry, the layout: layout_of).
 SHAPES: dict = {}
 RECENT = 4  # argument sets: a loop that takes turns among as many binds each to its arrays
 
@@ -89,14 +89,17 @@ def of_layout(name, blocking, comm, algorithm, segment, check, timeout, buffers,
     where its arrays are those of the last call of the shape, which that way binds to them."""
     if get_ident() != THREADED[0] and not THREADED[1]:
         return None  # a second thread's first call: the checks note it
-    seen = SHAPES.get(layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers))
-    if seen is None or seen[2] is None or key in seen[1] or seen[0].state.broken is not None:
+    found = SHAPES.get(layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers))
+    if found is None:
         return None
-    call = rebound(seen[2], buffers)
+    entry, layout = found
+    if key in entry[1] or entry[0].state.broken is not None:
+        return None
+    call = rebound(layout, buffers)
     if call is None:
         return None
-    seen_before(seen, key, buffers)
-    return seen[0], call
+    seen_before(entry, key, buffers)
+    return entry[0], call
 
 
 def seen_before(entry, key, buffers) -> bool:
@@ -112,19 +115,22 @@ def seen_before(entry, key, buffers) -> bool:
     return False
 
 
-def keep_shape(key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, timeout, buffers,
+def keep_shape(entry, key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, timeout, buffers,
                key) -> None:
-    """Keep what the calls of a shape share (`shape`, with no arrays) by the shape's key and, where the
-    call's arguments have a key (`key`) and their layout a way to other arrays (layout_of), by its
-    layout's too: one entry (SHAPES)."""
+    """Keep what the calls of a shape share (`shape`, with no arrays) by the shape's key, unless its
+    `entry` is kept already, and, where the call's arguments have a key (`key`) and their layout a way
+    to other arrays (layout_of), the layout by its key, with the entry."""
     if len(SHAPES) >= REPEATS_MAX:
         SHAPES.clear()
-    layout = layout_of(call, buffers) if key is not None else None
-    SHAPES[key_of_shape] = entry = [shape, {}, layout]
-    if key is not None and not may_keep(shape.state):
-        seen_before(entry, key, buffers)  # its arrays are not bound now: bound once they come again
-    if layout is not None:
-        SHAPES[layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers)] = entry
+    if entry is None:
+        SHAPES[key_of_shape] = entry = [shape, {}]
+        if key is not None and not may_keep(shape.state):
+            seen_before(entry, key, buffers)  # its arrays are not bound now: bound once they come again
+    if key is not None:
+        kept_as = layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers)
+        layout = layout_of(call, buffers) if kept_as not in SHAPES else None
+        if layout is not None:
+            SHAPES[kept_as] = entry, layout
 
 
 def layout_of(call, buffers) -> tuple | None:
