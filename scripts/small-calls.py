@@ -6,12 +6,14 @@ Cases, float64 (the ratio is ringtree's time over MPI's, in the same run):
   new array        allreduce(np.full(n, x)) against Allreduce into a new array
   two buffers      calls alternating between two pairs of arrays and two ops (sum, max)
   same buffers     allreduce(a, b) again and again against Allreduce(a, b)
+  comm left out    the same, with comm left out (COMM_WORLD), as a program that has one communicator calls
   iallreduce       iallreduce(a, b).wait() against Iallreduce(a, b).Wait()
   persistent       allreduce_init's Start(); Wait() against MPI's Allreduce_init
   broadcast        broadcast(a, root=0) against Bcast(a, 0)
   broadcast new    broadcast(np.full(n, x), root=0) against Bcast of a new array
   reduce           reduce(a, b, root=0) against Reduce(a, b, root=0)
   reduce_scatter   reduce_scatter(s, a) against Reduce_scatter_block(s, a): n elements to each rank
+  reduce_scatter new  reduce_scatter(np.full(...)) into a new result each call, against MPI's of new arrays
 Every call is warmed up (past online tuning's trials) before timing; timing is bench's: turns in
 shuffled order, medians of the slowest rank.
 """
@@ -60,12 +62,16 @@ def cases(comm, count: int, requests: list) -> dict:
         y = np.empty_like(x)
         comm.Allreduce(x, y)
 
+    def native_scatter_new():
+        comm.Reduce_scatter_block(np.full(count * comm.Get_size(), 1.0), np.empty(count))
+
     ours, theirs = ringtree.allreduce_init(a, b, comm=comm), comm.Allreduce_init(a, b)
     requests += [ours, theirs]
     return {
         "new array": (lambda: ringtree.allreduce(np.full(count, 1.0), comm=comm), native_new),
         "two buffers": (alternating(True), alternating(False)),
         "same buffers": (lambda: ringtree.allreduce(a, b, comm=comm), lambda: comm.Allreduce(a, b)),
+        "comm left out": (lambda: ringtree.allreduce(a, b), lambda: comm.Allreduce(a, b)),
         "iallreduce": (lambda: ringtree.iallreduce(a, b, comm=comm).wait(), lambda: comm.Iallreduce(a, b).Wait()),
         "persistent": (persistent(ours), persistent(theirs)),
         "broadcast": (lambda: ringtree.broadcast(a, root=0, comm=comm), lambda: comm.Bcast(a, 0)),
@@ -74,6 +80,8 @@ def cases(comm, count: int, requests: list) -> dict:
         "reduce": (lambda: ringtree.reduce(a, b, root=0, comm=comm), lambda: comm.Reduce(a, b, root=0)),
         "reduce_scatter": (lambda: ringtree.reduce_scatter(every, b, comm=comm),
                            lambda: comm.Reduce_scatter_block(every, b)),
+        "reduce_scatter new": (lambda: ringtree.reduce_scatter(np.full(count * comm.Get_size(), 1.0), comm=comm),
+                               native_scatter_new),
     }
 
 
