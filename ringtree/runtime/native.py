@@ -50,6 +50,7 @@ class MPICollective(NamedTuple):
     received: np.ndarray | None
     request: MPI.Prequest | None
     collective: Collective = ALLREDUCE  # the plan's: a broadcast's root None shows the roots
+    copies: dict | None = None  # by root: what _copies makes of the persistent request's buffers
 
 
 def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
@@ -89,7 +90,7 @@ def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype,
         except NotImplementedError:  # an MPI before persistent collectives: the same on every rank
             buffer = received = request = None
     return MPICollective(mpi_op, op is ReduceOp.AVG, divide, comm, signature, buffer, received, request,
-                         collective or ALLREDUCE)
+                         collective or ALLREDUCE, {})
 
 
 def _persistent(collective: Collective, comm, count: int, dtype: np.dtype, op, rank: int, size: int):
@@ -203,26 +204,38 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
 
 def _copies(own: MPICollective, rank: int, source, target, root):
     """(copies in, copies out, roots) of a call through the plan's persistent request: (to, from)
-    pairs of memoryviews; roots, for a broadcast that shows them, (the bits the ranks' roots
-    combined to, those of this rank's)."""
+    pairs of memoryviews; roots, for a broadcast or reduce that shows them, (the marks the ranks'
+    roots combined to, those of this rank's). What lies in the plan's buffers is made once per root
+    (own.copies); the call's arrays are put in their places (0: the source, 1: the target)."""
+    made = own.copies.get(root)
+    if made is None:
+        made = own.copies[root] = _plan_copies(own, rank, source, target, root)
+    ins, outs, roots = made
+    arrays = (byte_view(source), byte_view(target))
+    return ([(arrays[to] if type(to) is int else to, arrays[given] if type(given) is int else given) for to, given in ins],
+            [(arrays[to] if type(to) is int else to, arrays[given] if type(given) is int else given) for to, given in outs],
+            roots)
+
+
+def _plan_copies(own: MPICollective, rank: int, source, target, root):
+    """_copies' pairs for a call whose arrays are like `source` and `target` (sizes, dtype), with 0 and 1
+    in their places."""
     name, buffer, received = own.collective.name, byte_view(own.buffer), own.received
     if name == "allgather":
-        offset, mine = own.collective.displacement(rank) * target.itemsize, byte_view(source)
-        return [(buffer[offset:offset + mine.nbytes], mine)], [(byte_view(target), buffer)], None
+        offset = own.collective.displacement(rank) * target.itemsize
+        return [(buffer[offset:offset + source.nbytes], 0)], [(1, buffer)], None
     if own.collective.root is None and name in ("broadcast", "reduce"):  # it shows the roots (roots.py)
-        data, at_root = byte_view(target if name == "broadcast" else source), rank == root
-        nbytes = data.nbytes
+        nbytes, at_root = (target if name == "broadcast" else source).nbytes, rank == root
         mine, combined = root_marks(name, known_op(own.op), target.dtype, own.comm.Get_size(), root)
         if name == "broadcast":
-            given = data if at_root else memoryview(bytes(nbytes))  # the others give zeros
-            copies_out = [] if at_root else [(data, buffer[:nbytes])]
+            given = 1 if at_root else memoryview(bytes(nbytes))  # the others give zeros
+            outs = [] if at_root else [(1, buffer[:nbytes])]
         else:
-            given, copies_out = data, [(byte_view(target), buffer[:nbytes])] if at_root else []
-        return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(mine))], copies_out, (buffer[nbytes:], combined)
+            given, outs = 0, [(1, buffer[:nbytes])] if at_root else []
+        return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(mine))], outs, (buffer[nbytes:], combined)
     if name != "broadcast":
-        return [(buffer, byte_view(source))], [(byte_view(target), byte_view(received))] if received is not None else [], None
-    data, at_root = byte_view(target), rank == root
-    return ([(buffer, data)], [], None) if at_root else ([], [(data, buffer)], None)
+        return [(buffer, 0)], [(1, byte_view(received))] if received is not None else [], None
+    return ([(buffer, 1)], [], None) if rank == root else ([], [(1, buffer)], None)
 
 
 class NativeInFlight:
