@@ -677,6 +677,50 @@ def test_the_arrays_of_a_communicator_s_first_call_repeat_as_fast_as_those_of_a_
     local.Free()
 
 
+@pytest.mark.parametrize("name", ["iallreduce", "ireduce_scatter", "iallgather", "ibroadcast"])
+def test_started_calls_on_a_communicator_with_no_blocking_call_repeat_as_fast_as_on_one_with(comm, name, monkeypatch):
+    """A started call confirms nothing, so the wait for a communicator's first call to be confirmed
+    (again.may_keep) does not hold back its runs: a loop of started calls on the same arrays goes the
+    full path (call_path.run) no more often on a communicator that has had no blocking call than on
+    one that has; every result MPI's own."""
+    from ringtree.api import allreduce as public_allreduce
+    from ringtree.api import collectives as public
+
+    entered, failures, rank, size = [], [], comm.rank, comm.size
+    for module in (public_allreduce, public):
+        monkeypatch.setattr(module, "run", lambda *arguments, run=module.run: entered.append(1) or run(*arguments))
+    full = {}
+    for loop in ("no blocking call", "a blocking call first"):
+        local, full[loop] = comm.Dup(), 0
+        if loop == "a blocking call first":
+            ringtree.allreduce(np.zeros(1), comm=local)
+        data, out, expected = (np.empty(size, np.int64) for _ in range(3))
+        mine, theirs = data[:1], out[:1]
+        for call in range(400):  # past online tuning's trials of the shape
+            data[:] = np.arange(size) * (rank + 1) + call
+            out[:] = expected[:] = data if rank == 0 else 0
+            _mpi_s_own(name[1:], comm, data, expected, MPI.SUM)
+            entered.clear()
+            started = getattr(ringtree, name)
+            if name == "iallreduce":
+                started(data, out, comm=local).wait()
+            elif name == "ireduce_scatter":
+                started(data, theirs, comm=local).wait()
+            elif name == "iallgather":
+                started(mine, out, comm=local).wait()
+            else:
+                started(out, 0, comm=local).wait()
+            full[loop] += len(entered) if call >= 300 else 0
+            shown = slice(0, 1) if name == "ireduce_scatter" else slice(None)
+            if not np.array_equal(out[shown], expected[shown]):
+                failures.append(f"{loop}, call {call}: {out[shown]} != {expected[shown]}")
+                break
+        local.Free()
+    if full["no blocking call"] > full["a blocking call first"]:
+        failures.append(f"of the last 100 calls, {full} went the full path")
+    assert_everywhere(comm, failures)
+
+
 @pytest.mark.parametrize("name", ["reduce_scatter", "allgather", "reduce"])
 def test_new_arrays_of_a_second_layout_of_a_shape_skip_the_checks_as_those_of_its_first_do(comm, name, monkeypatch):
     """A shape's calls on new arrays with recvbuf given, then with a new result each call (another layout

@@ -327,7 +327,7 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
             elif run is not None or (steps is not None and may_step(state, None)):
                 keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
-    if (key is not None and trial is None and may_keep(state)  # else bound once the arrays come again (keep_shape)
+    if (key is not None and trial is None and may_keep(state, blocking)  # else bound when the arrays come again
             and (call.result is None or any(written for *_, written in arrays))):
         if len(REPEATS) >= REPEATS_MAX:
             REPEATS.clear()

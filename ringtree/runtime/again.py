@@ -162,7 +162,7 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     every call). `native`: a blocking run waits in MPI's own only; `confirm`: one_caller's for a
     blocking call."""
     largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
-    if name == "reduce" or nbytes > largest or not may_keep(state):
+    if name == "reduce" or nbytes > largest or not may_keep(state, blocking):
         return
     own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
     if result is not own or type(result) is not NDARRAY or not all(
@@ -185,14 +185,14 @@ def keep_new_result(source, op, algorithm, comm, state, own, what, confirm) -> N
         AGAIN["allreduce"][id(None)] = _NewResult(source, op, algorithm, comm, state, own, what, confirm)
 
 
-def may_keep(state) -> bool:
+def may_keep(state, blocking: bool = True) -> bool:
     """Whether a run may be kept bound on `state`'s communicator: not with several threads and no
-    signatures (its waits would be inside MPI), nor, where signatures are on, before the communicator's
-    first call is confirmed (one_caller.py), which an entry's run skips: a first call that raised leaves
-    that to the next, on every rank."""
+    signatures (its waits would be inside MPI), nor, where signatures are on, a blocking call's before
+    the communicator's first call is confirmed (one_caller.py), which an entry's run skips: a first call
+    that raised leaves that to the next, on every rank. A started call confirms nothing either way."""
     if not state.signatures:
         return not THREADED[1]
-    return not state.unconfirmed
+    return not (blocking and state.unconfirmed)
 
 
 def _then(run, after) -> None:

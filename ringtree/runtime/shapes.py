@@ -124,7 +124,7 @@ def keep_shape(entry, key_of_shape, shape, call, name, blocking, comm, algorithm
         SHAPES.clear()
     if entry is None:
         SHAPES[key_of_shape] = entry = [shape, {}]
-        if key is not None and not may_keep(shape.state):
+        if key is not None and not may_keep(shape.state, blocking):
             seen_before(entry, key, buffers)  # its arrays are not bound now: bound once they come again
     if key is not None:
         kept_as = layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers)
