@@ -539,7 +539,7 @@ def test_calls_on_distinct_arrays_after_one_on_two_views_of_one_memory_give_mpi_
     local.Free()
 
 
-@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])
 def test_calls_that_leave_comm_out_repeat_as_fast_as_those_that_name_it(comm, name, monkeypatch):
     """comm left out means COMM_WORLD: a loop of small calls on the same arrays that leaves it out goes
     the full path (call_path.run) no more often than the same calls naming COMM_WORLD, taken in turns
@@ -556,10 +556,11 @@ def test_calls_that_leave_comm_out_repeat_as_fast_as_those_that_name_it(comm, na
             "iallreduce": lambda **given: ringtree.iallreduce(data, out, **given).wait(),
             "reduce_scatter": lambda **given: ringtree.reduce_scatter(data, theirs, **given),
             "allgather": lambda **given: ringtree.allgather(mine, out, **given),
-            "broadcast": lambda **given: ringtree.broadcast(out, 0, **given)}[name]
-    mpi = {"allreduce": lambda: comm.Allreduce(data, expected), "iallreduce": lambda: comm.Allreduce(data, expected),
-           "reduce_scatter": lambda: comm.Reduce_scatter_block(data, expected[:1]),
-           "allgather": lambda: comm.Allgather(data[:1], expected), "broadcast": lambda: comm.Bcast(expected, 0)}[name]
+            "broadcast": lambda **given: ringtree.broadcast(out, 0, **given),
+            "reduce": lambda **given: ringtree.reduce(data, out, root=0, **given)}[name]
+    def mpi():
+        _mpi_s_own(name, comm, data, expected, MPI.SUM)
+
     shown = slice(0, 1) if name == "reduce_scatter" else slice(None)
     full = {True: 0, False: 0}  # by whether the call left comm out: how many of the last calls went the full path
     for call in range(400):  # past online tuning's trials of the shape
@@ -590,6 +591,8 @@ def _mpi_s_own(name, comm, data, expected, op):
         comm.Reduce_scatter_block(data, expected[:block], op)
     elif name == "allgather":
         comm.Allgather(data[:block], expected)
+    elif name == "reduce":
+        comm.Reduce(data, expected if comm.rank == 0 else None, op, root=0)
     else:
         comm.Bcast(expected, 0)
 
@@ -635,7 +638,7 @@ def test_calls_taking_turns_among_three_sets_of_arrays_repeat_as_fast_as_calls_o
     local.Free()
 
 
-@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast", "reduce"])
 def test_the_arrays_of_a_communicator_s_first_call_repeat_as_fast_as_those_of_a_later_call(comm, name, monkeypatch):
     """Nothing is bound to arrays before a communicator's first call is confirmed (again.may_keep); its
     arrays are bound once they come again, so a loop on them goes the full path (call_path.run) no more
@@ -664,6 +667,8 @@ def test_the_arrays_of_a_communicator_s_first_call_repeat_as_fast_as_those_of_a_
                 ringtree.reduce_scatter(data, theirs, comm=local)
             elif name == "allgather":
                 ringtree.allgather(mine, out, comm=local)
+            elif name == "reduce":
+                ringtree.reduce(data, out, root=0, comm=local)
             else:
                 ringtree.broadcast(out, 0, comm=local)
             full[loop] += len(entered) if call >= 300 else 0
@@ -672,6 +677,39 @@ def test_the_arrays_of_a_communicator_s_first_call_repeat_as_fast_as_those_of_a_
                 failures.append(f"{loop}, call {call}: {out[shown]} != {expected[shown]}")
                 break
     if full["first"] > full["later"]:
+        failures.append(f"of the last 100 calls, {full} went the full path")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "started"])
+def test_a_small_reduce_on_the_same_arrays_repeats_as_fast_as_a_broadcast(comm, blocking, monkeypatch):
+    """A reduce's run is kept bound to its arrays (again.AGAIN) as a broadcast's is, at the root and at the
+    other ranks (whose recvbuf it does not look at): a loop of small reduces on the same arrays goes the
+    full path (call_path.run) no more often than a loop of broadcasts of that size; every result MPI's own."""
+    from ringtree.api import collectives as public
+
+    entered, failures, rank, size = [], [], comm.rank, comm.size
+    monkeypatch.setattr(public, "run", lambda *arguments, run=public.run: entered.append(1) or run(*arguments))
+    local, full = comm.Dup(), {}
+    for name in ("broadcast", "reduce"):
+        data, out, expected = (np.empty(size, np.int64) for _ in range(3))
+        full[name] = 0
+        for call in range(300):
+            data[:] = np.arange(size) * (rank + 1) + call
+            out[:] = expected[:] = data if rank == 0 else 0
+            _mpi_s_own(name, comm, data, expected, MPI.SUM)
+            entered.clear()
+            if name == "broadcast":
+                got = (ringtree.broadcast if blocking else ringtree.ibroadcast)(out, 0, comm=local)
+            else:
+                got = (ringtree.reduce if blocking else ringtree.ireduce)(data, out, root=0, comm=local)
+            got = got if blocking else got.wait()
+            full[name] += len(entered) if call >= 200 else 0
+            if not np.array_equal(out, expected) or (got is None) != (name == "reduce" and rank != 0):
+                failures.append(f"{name}, call {call}: {got}, {out} != {expected}")
+                break
+    if full["reduce"] > full["broadcast"]:
         failures.append(f"of the last 100 calls, {full} went the full path")
     assert_everywhere(comm, failures)
     local.Free()

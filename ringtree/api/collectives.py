@@ -106,12 +106,21 @@ def reduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="a
     """Combine `sendbuf` from every rank of `comm` with `op` into the root's `recvbuf` (a new array
     when None), which the root gets back; the other ranks get None (their recvbuf is not looked at).
     With sendbuf MPI.IN_PLACE, the root's recvbuf holds its input."""
+    again = AGAIN["reduce"].get(id(recvbuf))
+    if (again is not None and segment is check is timeout is None
+            and again.ran(sendbuf, op, root, comm, algorithm) is not MISSED):
+        return again.result
     return run("reduce", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
 
 
 def ireduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="auto", segment=None, check=None,
             timeout=None) -> Request:
     """Start a reduce and return its Request (wait() returns the result at the root, else None)."""
+    again = AGAIN["ireduce"].get(id(recvbuf))
+    if again is not None and segment is check is timeout is None:
+        request = again.ran(sendbuf, op, root, comm, algorithm)
+        if request is not MISSED:
+            return request
     return run("reduce", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
 
 

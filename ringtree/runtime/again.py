@@ -62,9 +62,10 @@ class _Again:
                  "native", "run", "what", "confirm", "thread", "handle", "world")
 
     def __init__(self, result, arguments, algorithm, comm, state, source_dtype, native, run, what, confirm) -> None:
-        self.result = result  # the caller's arrays, held so that their ids stay their own
+        self.result = result  # the caller's arrays, held so that their ids stay their own; None: a reduce's other ranks'
         self.first, self.second, self.third = arguments
-        self.algorithm, self.comm, self.state, self.dtype = algorithm, comm, state, result.dtype
+        self.algorithm, self.comm, self.state = algorithm, comm, state
+        self.dtype = None if result is None else result.dtype
         self.source_dtype = source_dtype  # the send array's, or None for none (in place, a broadcast)
         # run: the call bound to the arrays (a started call's returns its Request); native: it waits in
         # MPI's own only, or not at all, so that no collective in flight waits for it
@@ -83,7 +84,7 @@ class _Again:
         if not (first is self.first and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
                 and self.thread == get_ident() and state.broken is None
-                and result.flags.writeable and result.dtype is self.dtype
+                and (result is None or result.flags.writeable and result.dtype is self.dtype)
                 and (self.source_dtype is None or first.dtype is self.source_dtype)
                 and (self.native or not IN_FLIGHT.running)):
             return MISSED
@@ -158,22 +159,23 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     """Keep the `run` of a call of collective `name` on `buffers` (a started call's: its start), bound to
     the caller's arrays, for its repeats on them (_Again): where they are numpy arrays of up to
     AGAIN_MAX bytes in all (NATIVE_AGAIN_MAX where a blocking run waits in MPI's own), `result` (what
-    it returns) one of them, and its other arguments values or arrays (a reduce compares its root on
-    every call). `native`: a blocking run waits in MPI's own only; `confirm`: one_caller's for a
-    blocking call."""
+    it returns) one of them (None at a reduce's other ranks than the root, which do not look at their
+    recvbuf), and its other arguments values or arrays. `native`: a blocking run waits in MPI's own
+    only; `confirm`: one_caller's for a blocking call."""
     largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
-    if name == "reduce" or nbytes > largest or not may_keep(state, blocking):
+    if nbytes > largest or not may_keep(state, blocking):
         return
     own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
-    if result is not own or type(result) is not NDARRAY or not all(
-            type(value) in BY_ID or type(value) in BY_VALUE for value in others):
+    if (result is not None or name != "reduce") and (result is not own or type(result) is not NDARRAY):
+        return
+    if not all(type(value) in BY_ID or type(value) in BY_VALUE for value in others):
         return
     if after is not None:
         run = partial(_then, run, after)
     kept, first = AGAIN[name if blocking else "i" + name], others[0]
     if len(kept) >= AGAIN_ENTRIES:
         kept.clear()
-    kept[id(result)] = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
+    kept[id(own)] = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
                               first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what,
                               confirm)
 
