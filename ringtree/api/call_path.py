@@ -3,7 +3,7 @@ checked into a Prepared (collective_args.py), finds or builds its plan (kept per
 communicator's state) and runs, blocking or started. The public functions, blocking, nonblocking and
 persistent, are each a line over `run`. What a call shares with the calls before it, the shortest way
 first: its run bound to the same small arrays (again.AGAIN, which the public functions look up), the
-same arguments again (shapes.REPEATS), other arrays of a layout seen before (shapes.of_layout; an
+same arguments again (shapes.REPEATS), other arrays of an arrangement seen before (shapes.of_arrangement; an
 allreduce's: shapes.repeat_of), a shape seen before (shapes.SHAPES). docs/design.md, "The call path"."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ..runtime.shapes import (
     arguments_key,
     forget_bound,
     keep_shape,
-    of_layout,
+    of_arrangement,
     repeat_of,
     seen_before,
     shape_key,
@@ -224,10 +224,10 @@ class _Done(NamedTuple):
 
 
 def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept):
-    """A call past the repeat paths: on arrays of a layout seen before, only what they can fail checked
-    (of_layout); else its arguments checked and what it shares with the calls of its shape looked up
+    """A call past the repeat paths: on arrays of an arrangement seen before, only what they can fail checked
+    (of_arrangement); else its arguments checked and what it shares with the calls of its shape looked up
     (SHAPES), else found or made (its plan among them); bound to its arrays (_bound)."""
-    hit = of_layout(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) if key is not None else None
+    hit = of_arrangement(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) if key is not None else None
     if hit is not None:
         if hit[0].comparison is not None:
             _agree(hit[0])
@@ -247,7 +247,7 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
             if shape.comparison is not None:
                 _agree(shape)
             keep_shape(seen, key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, given, buffers,
-                       key)  # the layout of its arguments, if new
+                       key)  # the arrangement of its arguments, if new
             if key is None or not seen_before(seen, key, buffers):
                 key, kept = None, False  # bound once its arrays come again: new arrays would not use it
             return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)

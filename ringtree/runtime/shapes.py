@@ -1,8 +1,8 @@
 """What calls share without being bound to their arrays: a call with its repeats on the same arguments
 (REPEATS, by their ids), and with the calls of its shape (SHAPES): by the checked shape, found after
-a call's checks, and by its arguments' layout, found with only the checks that other arrays of the
-layout can fail (of_layout; repeat_of, an allreduce's own look-up by its checked shape). Runs bound
-to the arrays are again.py's; `docs/design.md`, "The call path".
+a call's checks, and by the arrangement of its arguments, found with only the checks that other
+arrays of the arrangement can fail (of_arrangement; repeat_of, an allreduce's own look-up by its
+checked shape). Runs bound to the arrays are again.py's; `docs/design.md`, "The call path".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .again import AGAIN, BY_ID, BY_VALUE, may_keep
 from .in_flight import IN_FLIGHT
 from .threads import THREADED, get_ident
 
-__all__ = ["REPEATS", "REPEATS_MAX", "SHAPES", "arguments_key", "shape_key", "layout_key", "of_layout", "keep_shape",
+__all__ = ["REPEATS", "REPEATS_MAX", "SHAPES", "arguments_key", "shape_key", "of_arrangement", "keep_shape",
            "seen_before", "forget_bound", "repeat_of"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
@@ -27,20 +27,29 @@ IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 REPEATS: dict = {}
 REPEATS_MAX = 64  # entries, of REPEATS and of SHAPES
 # By a call's shape (shape_key): [what its calls share but their arrays, the arguments of its last
-# calls that ran unbound (seen_before)]; by a call's arguments' layout (layout_key): (its shape's
-# entry, the layout: layout_of).
+# calls that ran unbound (seen_before)]; by its arguments' arrangement (arguments_key, arranged): (its
+# shape's entry, the arrangement: arrangement_of).
 SHAPES: dict = {}
 RECENT = 4  # argument sets: a loop that takes turns among as many binds each to its arrays
 
 
-def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
+def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, arranged=False) -> tuple | None:
     """A call's key in REPEATS, where its arrays are numpy's own and its other arguments plain values;
     None for any other (tensors, buffer specifications). A blocking call and a started one differ: the
-    first may run through its plan's persistent request (native_runner)."""
+    first may run through its plan's persistent request (native_runner). `arranged`: its key in SHAPES
+    by its arguments' arrangement instead, arrays by dtype, shape and which of them are one array, with
+    the settings (by identity: SHAPES holds them), for the calls on other arrays of it (of_arrangement)."""
     parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
+    if arranged:
+        parts += ("arranged", id(settings.current()))
+        arrays = []
     for value in buffers:
         kind = type(value)
-        if kind in BY_ID:
+        if arranged and kind is NDARRAY:
+            parts.append((value.dtype, value.shape, next((index for index, array in enumerate(arrays) if array is value),
+                                                         len(arrays))))
+            arrays.append(value)
+        elif kind in BY_ID:
             parts.append(id(value))
         elif kind in BY_VALUE:
             parts.append(value)
@@ -60,42 +69,20 @@ def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current,
             reduce_op, inplace)
 
 
-def layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple | None:
-    """A call's key in SHAPES by its arguments' layout, where they are numpy arrays (by dtype, shape and
-    which of them are one array) and plain values: what calls on other arrays of the layout share
-    (of_layout); None for any other arguments."""
-    parts, arrays = ["layout", name, blocking, id(comm), algorithm, segment, check, timeout, id(settings.current())], []
-    for value in buffers:
-        kind = type(value)
-        if kind is NDARRAY:
-            same = next((index for index, array in enumerate(arrays) if array is value), len(arrays))
-            parts.append((value.dtype, value.shape, same))
-            arrays.append(value)
-        elif kind in BY_ID:
-            parts.append(id(value))
-        elif kind in BY_VALUE:
-            parts.append(value)
-        elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
-            parts.append(tuple(value))
-        else:
-            return None
-    return tuple(parts)
-
-
-def of_layout(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) -> tuple | None:
-    """(what the calls of its shape share, the call checked) of a call on numpy arrays of a layout seen
-    before (SHAPES by layout_key; `key`, its arguments_key), after only the checks that other arrays
-    of the layout can fail (rebound); None for the call to go the way of its full checks, as also
+def of_arrangement(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) -> tuple | None:
+    """(what the calls of its shape share, the call checked) of a call on numpy arrays of an arrangement
+    seen before (SHAPES, arranged; `key`, its arguments_key), after only the checks that other arrays of
+    the arrangement can fail (rebound); None for the call to go the way of its full checks, as also
     where its arrays are those of the last call of the shape, which that way binds to them."""
     if get_ident() != THREADED[0] and not THREADED[1]:
         return None  # a second thread's first call: the checks note it
-    found = SHAPES.get(layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers))
+    found = SHAPES.get(arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True))
     if found is None:
         return None
-    entry, layout = found
+    entry, arrangement = found
     if key in entry[1] or entry[0].state.broken is not None:
         return None
-    call = rebound(layout, buffers)
+    call = rebound(arrangement, buffers)
     if call is None:
         return None
     seen_before(entry, key, buffers)
@@ -118,8 +105,8 @@ def seen_before(entry, key, buffers) -> bool:
 def keep_shape(entry, key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, timeout, buffers,
                key) -> None:
     """Keep what the calls of a shape share (`shape`, with no arrays) by the shape's key, unless its
-    `entry` is kept already, and, where the call's arguments have a key (`key`) and their layout a way
-    to other arrays (layout_of), the layout by its key, with the entry."""
+    `entry` is kept already, and, where the call's arguments have a key (`key`) and their arrangement a
+    way to other arrays (arrangement_of), the arrangement by its key, with the entry."""
     if len(SHAPES) >= REPEATS_MAX:
         SHAPES.clear()
     if entry is None:
@@ -127,14 +114,14 @@ def keep_shape(entry, key_of_shape, shape, call, name, blocking, comm, algorithm
         if key is not None and not may_keep(shape.state, blocking):
             seen_before(entry, key, buffers)  # its arrays are not bound now: bound once they come again
     if key is not None:
-        kept_as = layout_key(name, blocking, comm, algorithm, segment, check, timeout, buffers)
-        layout = layout_of(call, buffers) if kept_as not in SHAPES else None
-        if layout is not None:
-            SHAPES[kept_as] = entry, layout
+        kept_as = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True)
+        arrangement = arrangement_of(call, buffers) if kept_as not in SHAPES else None
+        if arrangement is not None:
+            SHAPES[kept_as] = entry, arrangement
 
 
-def layout_of(call, buffers) -> tuple | None:
-    """How a checked call's arrays come from its `buffers`, for calls on other arrays of their layout
+def arrangement_of(call, buffers) -> tuple | None:
+    """How a checked call's arrays come from its `buffers`, for calls on other arrays so arranged
     (rebound): (the call's type and its fields but its arrays, where its source and target lie in the
     buffers or a new result, its result, the buffers that must be writeable); None where the call
     holds more than views of them (a scratch target, an `after`, a context), a new result that is not a
@@ -171,11 +158,11 @@ def _place(array, arrays) -> tuple | None:
     return None
 
 
-def rebound(layout, buffers):
-    """The call of `layout` (layout_of) on these buffers, of its layout (layout_key), after only the checks
-    other arrays of a layout can fail: C-contiguous, writeable where written, distinct arrays apart;
+def rebound(arrangement, buffers):
+    """The call of `arrangement` (arrangement_of) on these buffers, so arranged, after only the checks
+    other arrays of an arrangement can fail: C-contiguous, writeable where written, distinct arrays apart;
     None where one fails (the call's full checks then say what)."""
-    kind, (collective, count, inplace, backend, reduce_op), source, target, made, written = layout
+    kind, (collective, count, inplace, backend, reduce_op), source, target, made, written = arrangement
     first = other = None
     for value in buffers:  # two arrays at most
         if type(value) is NDARRAY:
