@@ -16,7 +16,7 @@ from mpi4py import MPI
 from ..errors import MismatchError
 from .mismatch import UNKNOWN, everywhere
 from .state import LAST, existing_state
-from .threads import FIRST_IN, THREADED, enter_call, get_ident, leave_call, note_thread, thread_token
+from .threads import FIRST_IN, THREADED, enter_call, first_thread, get_ident, leave_call, note_thread, thread_token
 
 __all__ = ["THREADS_BIT", "in_call", "intruded", "one_caller", "second_thread"]
 
@@ -29,7 +29,8 @@ def in_call(comm, run, *arguments, confirm=None):
     as one_caller runs it. Before, in the first thread to call: marked as in a call on `comm`
     (FIRST_IN), so that a second thread's first call on it raises on every rank, and so does this
     call at its end; `confirm(comm)` ends the communicator's first call."""
-    if THREADED[1] or (THREADED[0] is not None and get_ident() != THREADED[0]):
+    first = THREADED[0]
+    if THREADED[1] or (first if first is not None else first_thread(get_ident())) != get_ident():
         return one_caller(comm, run, *arguments, confirm=confirm)
     communicator = MPI.COMM_WORLD if comm is None else comm
     outer = FIRST_IN[0]  # a call of ringtree's own within the call (check mode's agreement) gives it back

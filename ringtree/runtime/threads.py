@@ -11,13 +11,14 @@ import threading
 
 from mpi4py import MPI
 
-__all__ = ["FIRST_IN", "THREADED", "enter_call", "leave_call", "note_thread", "thread_token"]
+__all__ = ["FIRST_IN", "THREADED", "enter_call", "first_thread", "leave_call", "note_thread", "thread_token"]
 
 get_ident = threading.get_ident
 THREADED = [None, False]  # [the first calling thread's ident, whether another thread has called since]
 # While only the first thread has called: [the handle of the communicator it is in a call on, or None;
 # that communicator once another thread has called on it meanwhile, or None]
 FIRST_IN: list = [None, None]
+_CLAIMING = threading.Lock()
 _TOKENS = threading.local()
 _LEVELS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
            MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
@@ -33,13 +34,24 @@ def thread_token() -> object:
         return token
 
 
+def first_thread(ident: int) -> int:
+    """The first thread to call ringtree, which the thread `ident` becomes if none has yet: under a lock,
+    so that of threads making their first calls at once only one takes the first thread's way
+    (one_caller.in_call), whose marks (FIRST_IN) are its alone."""
+    first = THREADED[0]
+    if first is None:
+        with _CLAIMING:
+            if THREADED[0] is None:
+                THREADED[0] = ident
+            first = THREADED[0]
+    return first
+
+
 def note_thread(comm: MPI.Comm) -> bool:
     """Record the calling thread; return whether a second thread has called ringtree. RuntimeError,
     before any message, when a second thread calls and MPI was initialised below MPI_THREAD_MULTIPLE."""
     ident = get_ident()
-    if THREADED[0] is None:
-        THREADED[0] = ident
-    if ident == THREADED[0] or THREADED[1]:
+    if ident == first_thread(ident) or THREADED[1]:
         return THREADED[1]
     level = MPI.Query_thread()
     if level < MPI.THREAD_MULTIPLE:
