@@ -73,7 +73,8 @@ def of_arrangement(name, blocking, comm, algorithm, segment, check, timeout, buf
     """(what the calls of its shape share, the call checked) of a call on numpy arrays of an arrangement
     seen before (SHAPES, arranged; `key`, its arguments_key), after only the checks that other arrays of
     the arrangement can fail (rebound); None for the call to go the way of its full checks, as also
-    where its arrays are those of the last call of the shape, which that way binds to them."""
+    where its arguments are among those the shape's last calls ran unbound with (seen_before), which
+    that way binds to its arrays."""
     if get_ident() != THREADED[0] and not THREADED[1]:
         return None  # a second thread's first call: the checks note it
     found = SHAPES.get(arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True))
@@ -143,7 +144,8 @@ def arrangement_of(call, buffers) -> tuple | None:
         return None
     written = tuple(index for index in {places[1][0], made if type(made) is int else -1}
                     if 0 <= index < len(buffers) and buffers[index].flags.writeable)  # as the first call's were
-    return type(call), call[:2] + call[4:7], places[0], places[1], made, written
+    return (type(call), (call.collective, call.count, call.inplace, call.backend, call.reduce_op), places[0], places[1],
+            made, written)
 
 
 def _place(array, arrays) -> tuple | None:
@@ -183,7 +185,7 @@ def rebound(arrangement, buffers):
         result = np.empty(*made)
         buffers = (*buffers, result)
     return kind(collective, count, _flat(buffers, *source), _flat(buffers, *target), inplace, backend, reduce_op,
-                result, None, None)
+                result, None, None)  # collective_args.Prepared's fields in their order: no after, no context
 
 
 def _flat(buffers, index: int, start: int, stop: int):
