@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from .algorithms import ALGORITHMS
 
-__all__ = ["Settings", "SettingError", "VARIABLES", "current", "reload", "read"]
+__all__ = ["Settings", "SettingError", "VARIABLES", "cached", "current", "reload", "read"]
 
 
 class SettingError(ValueError):
@@ -179,6 +179,12 @@ def current() -> Settings:
     global _current
     if _current is None:
         _current = read()
+    return _current
+
+
+def cached() -> Settings | None:
+    """The settings the first call read, or None before (a look-up ahead of a call's checks, which must
+    leave a bad value for the checks to refuse)."""
     return _current
 
 

@@ -41,7 +41,7 @@ def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buff
     the settings (by identity: SHAPES holds them), for the calls on other arrays of it (of_arrangement)."""
     parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
     if arranged:
-        parts += ("arranged", id(settings.current()))
+        parts += ("arranged", id(settings.cached()))  # None before the first call: nothing then to find
         arrays = []
     for value in buffers:
         kind = type(value)
@@ -216,7 +216,7 @@ def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, bl
         return None
     inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
     seen = SHAPES.get(shape_key("allreduce", blocking, WORLD if comm is None else comm, algorithm, None, None, None,
-                                settings.current(), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
+                                settings.cached(), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
     if seen is None:
         return None
     plan, state, flags = seen[0].plan, seen[0].state, recvbuf.flags
