@@ -212,9 +212,11 @@ def _copies(own: MPICollective, rank: int, source, target, root):
         made = own.copies[root] = _plan_copies(own, rank, source, target, root)
     ins, outs, roots = made
     arrays = (byte_view(source), byte_view(target))
-    return ([(arrays[to] if type(to) is int else to, arrays[given] if type(given) is int else given) for to, given in ins],
-            [(arrays[to] if type(to) is int else to, arrays[given] if type(given) is int else given) for to, given in outs],
-            roots)
+
+    def placed(pairs) -> list:
+        return [(arrays[to] if type(to) is int else to, arrays[given] if type(given) is int else given)
+                for to, given in pairs]
+    return placed(ins), placed(outs), roots
 
 
 def _plan_copies(own: MPICollective, rank: int, source, target, root):

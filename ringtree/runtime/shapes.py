@@ -15,7 +15,6 @@ from ..ops import known_op
 from ..schedule.ir import ALLREDUCE
 from .again import AGAIN, BY_ID, BY_VALUE, may_keep
 from .in_flight import IN_FLIGHT
-from .threads import THREADED, get_ident
 
 __all__ = ["REPEATS", "REPEATS_MAX", "SHAPES", "arguments_key", "shape_key", "of_arrangement", "keep_shape",
            "seen_before", "forget_bound", "repeat_of"]
@@ -75,8 +74,6 @@ def of_arrangement(name, blocking, comm, algorithm, segment, check, timeout, buf
     the arrangement can fail (rebound); None for the call to go the way of its full checks, as also
     where its arguments are among those the shape's last calls ran unbound with (seen_before), which
     that way binds to its arrays."""
-    if get_ident() != THREADED[0] and not THREADED[1]:
-        return None  # a second thread's first call: the checks note it
     found = SHAPES.get(arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True))
     if found is None:
         return None
@@ -210,8 +207,7 @@ def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, bl
     layout, writability and overlap. Returns (plan, state, steps, source, target, in place, its SHAPES
     entry), or None for allreduce to check the call in full. A `blocking` call takes it only with
     nothing in flight (the stepwise path)."""
-    if ((get_ident() != THREADED[0] and not THREADED[1])  # a second thread's first call: allreduce notes it
-            or type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
+    if (type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
             or type(algorithm) is not str or (blocking and IN_FLIGHT.running)):
         return None
     inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
