@@ -88,6 +88,18 @@ def _loop(world, name, data, out, turn: int, failures, label, **given):
     return got
 
 
+def _looped(world, name, sets, entered, failures, label, **given) -> tuple[int, list]:
+    """LOOP calls of _loop taking turns among `sets` of (data, out): how many of the last COUNTED went
+    the full path (`entered`: _full_paths'), and what the calls returned."""
+    full, results = 0, []
+    for call in range(LOOP):
+        data, out = sets[call % len(sets)]
+        entered.clear()
+        results.append(_loop(world, name, data, out, call, failures, f"{label}, call {call}", **given))
+        full += len(entered) if call >= LOOP - COUNTED else 0
+    return full, results
+
+
 def _arrays(count: int, sets: int = 1):
     return [(np.empty(count, np.int64), np.empty(count, np.int64)) for _ in range(sets)]
 
@@ -119,13 +131,8 @@ def test_calls_taking_turns_among_three_sets_of_arrays_repeat_as_fast_as_calls_o
     a loop on one set: each set is bound to its arrays once it comes again (shapes.seen_before)."""
     entered, failures, local = _full_paths(monkeypatch), [], comm.Dup()
     sets, full = _arrays(comm.size, 3), {}
-    for loop, turns in (("one set", [0]), ("three sets in turn", [0, 1, 2])):
-        full[loop] = 0
-        for call in range(LOOP):
-            data, out = sets[turns[call % len(turns)]]
-            entered.clear()
-            _loop(comm, name, data, out, call, failures, f"{loop}, call {call}", comm=local)
-            full[loop] += len(entered) if call >= LOOP - COUNTED else 0
+    for loop, turns in (("one set", sets[:1]), ("three sets in turn", sets)):
+        full[loop] = _looped(comm, name, turns, entered, failures, loop, comm=local)[0]
     if full["three sets in turn"] > full["one set"]:
         failures.append(f"of the last {COUNTED} calls, {full} went the full path")
     assert_everywhere(comm, failures[:3])
@@ -139,12 +146,7 @@ def test_the_arrays_of_a_communicator_s_first_call_repeat_as_fast_as_those_of_a_
     loop on arrays that a later call brings first."""
     entered, failures, local, full = _full_paths(monkeypatch), [], comm.Dup(), {}
     for loop, count in (("first", comm.size), ("later", 2 * comm.size)):  # another shape: a first call of its own
-        [(data, out)] = _arrays(count)
-        full[loop] = 0
-        for call in range(LOOP):
-            entered.clear()
-            _loop(comm, name, data, out, call, failures, f"{loop}, call {call}", comm=local)
-            full[loop] += len(entered) if call >= LOOP - COUNTED else 0
+        full[loop] = _looped(comm, name, _arrays(count), entered, failures, loop, comm=local)[0]
     if full["first"] > full["later"]:
         failures.append(f"of the last {COUNTED} calls, {full} went the full path")
     assert_everywhere(comm, failures[:3])
@@ -158,14 +160,10 @@ def test_started_calls_on_a_communicator_with_no_blocking_call_repeat_as_fast_as
     on a communicator that has had no blocking call than on one that has."""
     entered, failures, full = _full_paths(monkeypatch), [], {}
     for loop in ("no blocking call", "a blocking call first"):
-        local, full[loop] = comm.Dup(), 0
+        local = comm.Dup()
         if loop == "a blocking call first":
             ringtree.allreduce(np.zeros(1), comm=local)
-        [(data, out)] = _arrays(comm.size)
-        for call in range(LOOP):
-            entered.clear()
-            _loop(comm, name, data, out, call, failures, f"{loop}, call {call}", comm=local)
-            full[loop] += len(entered) if call >= LOOP - COUNTED else 0
+        full[loop] = _looped(comm, name, _arrays(comm.size), entered, failures, loop, comm=local)[0]
         local.Free()
     if full["no blocking call"] > full["a blocking call first"]:
         failures.append(f"of the last {COUNTED} calls, {full} went the full path")
@@ -179,13 +177,7 @@ def test_a_small_reduce_on_the_same_arrays_repeats_as_fast_as_a_broadcast(comm, 
     goes the full path no more often than a loop of broadcasts of that size."""
     entered, failures, local, full = _full_paths(monkeypatch), [], comm.Dup(), {}
     for name in ("ibroadcast", "ireduce") if started else ("broadcast", "reduce"):
-        [(data, out)] = _arrays(comm.size)
-        full[name] = 0
-        got = []
-        for call in range(LOOP):
-            entered.clear()
-            got.append(_loop(comm, name, data, out, call, failures, f"{name}, call {call}", comm=local))
-            full[name] += len(entered) if call >= LOOP - COUNTED else 0
+        full[name], got = _looped(comm, name, _arrays(comm.size), entered, failures, name, comm=local)
         if name.endswith("reduce") and comm.rank != 0 and any(result is not None for result in got):
             failures.append(f"{name} gave the other ranks than the root a result")
     if full["i" * started + "reduce"] > full["i" * started + "broadcast"]:
