@@ -73,15 +73,15 @@ def _mpi_s_own(name, comm, data, expected, op=MPI.SUM) -> None:
         comm.Bcast(expected, 0)
 
 
-def _loop(world, name, data, out, turn: int, failures, label, **given):
-    """A loop's call number `turn` of _ours (`given`: its keyword arguments), on data filled anew, its
-    result compared with MPI's on `world`; what it returns."""
+def _loop(world, name, data, out, turn: int, failures, label, op=MPI.SUM, **given):
+    """A loop's call number `turn` of _ours with `op` (`given`: its keyword arguments), on data filled
+    anew, its result compared with MPI's on `world`; what it returns."""
     rank, size = world.rank, world.size
     expected = np.empty_like(out)
     data[:] = np.arange(data.size) * (rank + 1) + turn
     out[:] = expected[:] = data[:out.size] if rank == 0 else 0
-    _mpi_s_own(name, world, data, expected)
-    got = _ours(name, data, out, **given)
+    _mpi_s_own(name, world, data, expected, op)
+    got = _ours(name, data, out, op, **given)
     shown = slice(0, data.size // size) if name.endswith("reduce_scatter") else slice(None)
     if not np.array_equal(out[shown], expected[shown]):
         failures.append(f"{label}: {out[shown]} != {expected[shown]}")
@@ -134,6 +134,35 @@ def test_calls_taking_turns_among_three_sets_of_arrays_repeat_as_fast_as_calls_o
     for loop, turns in (("one set", sets[:1]), ("three sets in turn", sets)):
         full[loop] = _looped(comm, name, turns, entered, failures, loop, comm=local)[0]
     if full["three sets in turn"] > full["one set"]:
+        failures.append(f"of the last {COUNTED} calls, {full} went the full path")
+    assert_everywhere(comm, failures[:3])
+    local.Free()
+
+
+@pytest.mark.parametrize("name", ["allreduce", "iallreduce", "reduce_scatter", "allgather", "reduce"])
+def test_calls_taking_turns_among_algorithms_and_ops_on_the_same_arrays_repeat_as_fast_as_calls_of_one(
+        comm, name, monkeypatch):
+    """A loop on the same arrays that takes turns among algorithms (auto and two of the collective's own)
+    and, where the collective reduces, two ops, as a benchmark or a program of several reductions does,
+    goes the full path no more often than a loop of one: each call's run is kept on the result array
+    beside the others' (again._chain). A reduce takes turns among ops only: one of its own algorithms
+    compares the ranks' roots before every call, which no run kept bound skips."""
+    from ringtree.algorithms import GENERATORS
+
+    entered, failures, local, full = _full_paths(monkeypatch), [], comm.Dup(), {}
+    bare = name.removeprefix("i")
+    ops = [MPI.SUM, MPI.MAX] if bare in ("allreduce", "reduce_scatter", "reduce") else [MPI.SUM]
+    algorithms = ("auto",) if bare == "reduce" else ("auto", *list(GENERATORS[bare])[:2])
+    turns = [(algorithm, op) for algorithm in algorithms for op in ops]
+    [(data, out)] = _arrays(comm.size)
+    for loop, taken in (("one", turns[:1]), ("in turns", turns)):
+        full[loop] = 0
+        for call in range(LOOP):
+            algorithm, op = taken[call % len(taken)]
+            entered.clear()
+            _loop(comm, name, data, out, call, failures, f"{loop}, call {call}", op, comm=local, algorithm=algorithm)
+            full[loop] += len(entered) if call >= LOOP - COUNTED else 0
+    if full["in turns"] > full["one"]:
         failures.append(f"of the last {COUNTED} calls, {full} went the full path")
     assert_everywhere(comm, failures[:3])
     local.Free()

@@ -56,10 +56,12 @@ class _Again:
     repeating the call on the same arrays runs it again after only the checks those arrays can fail
     (writability and dtype may change in place). Kept by its result array, which the call returns;
     `first`, `second` and `third` are its other arguments, compared by identity (a class with
-    slots: its attributes are read faster than a NamedTuple's)."""
+    slots: its attributes are read faster than a NamedTuple's). `other`: the entry of another call
+    on the same result array (another op, algorithm or input: a loop may take turns among them),
+    looked at where this one's arguments are not the call's."""
 
     __slots__ = ("result", "first", "second", "third", "algorithm", "comm", "state", "dtype", "source_dtype",
-                 "native", "run", "what", "confirm", "thread", "handle", "world")
+                 "native", "run", "what", "confirm", "thread", "handle", "world", "other")
 
     def __init__(self, result, arguments, algorithm, comm, state, source_dtype, native, run, what, confirm) -> None:
         self.result = result  # the caller's arrays, held so that their ids stay their own; None: a reduce's other ranks'
@@ -75,6 +77,7 @@ class _Again:
         self.thread = get_ident()  # only the thread that made it runs it: another must be noted (threads.py)
         self.handle = comm.handle  # the thread's mark while in it (threads.FIRST_IN)
         self.world = comm is WORLD  # a call that leaves its communicator out (None) means this one
+        self.other = None
 
     def ran(self, first, second, third, comm, algorithm):
         """Where these are the call's arguments (its result array's looked up by id), the call run
@@ -87,7 +90,8 @@ class _Again:
                 and (result is None or result.flags.writeable and result.dtype is self.dtype)
                 and (self.source_dtype is None or first.dtype is self.source_dtype)
                 and (self.native or not IN_FLIGHT.running)):
-            return MISSED
+            other = self.other
+            return MISSED if other is None else other.ran(first, second, third, comm, algorithm)
         return self._call(self.run)
 
     def _call(self, run, *arguments):
@@ -147,6 +151,9 @@ AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
 # schedule's run that up to here the checks still weigh over 5 % of it (docs/performance.md)
 NATIVE_AGAIN_MAX = 1 << 20
 AGAIN_ENTRIES = 16
+# Calls kept on one result array: a loop that takes turns among as many (every algorithm's and
+# auto's, in a benchmark; two ops) finds each.
+AGAIN_CHAIN = 8
 
 # The arguments a repeat holds by identity (held by it, so that their ids stay theirs), and those
 # it holds by value.
@@ -175,9 +182,27 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     kept, first = AGAIN[name if blocking else "i" + name], others[0]
     if len(kept) >= AGAIN_ENTRIES:
         kept.clear()
-    kept[id(own)] = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
-                              first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what,
-                              confirm)
+    entry = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
+                   first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what, confirm)
+    _chain(entry, kept.get(id(own)))
+    kept[id(own)] = entry
+
+
+def _chain(entry: _Again, previous: _Again | None) -> None:
+    """Put the entries of other calls on `entry`'s result array (`previous` and its others) behind it,
+    the newest first, AGAIN_CHAIN in all at most: those of the same arguments as `entry` replaced, and
+    those of another result (a reduce's at a root and not: a public function returns the first's)."""
+    last = entry
+    for _ in range(AGAIN_CHAIN - 1):
+        while previous is not None and (previous.result is not entry.result or (
+                previous.first is entry.first and previous.second is entry.second and previous.third is entry.third
+                and previous.comm is entry.comm and previous.algorithm == entry.algorithm)):
+            previous = previous.other
+        if previous is None:
+            break
+        last.other = last = previous
+        previous = previous.other
+    last.other = None
 
 
 def keep_new_result(source, op, algorithm, comm, state, own, what, confirm) -> None:
