@@ -3,14 +3,14 @@ allreduce, or with --collective reduce_scatter, allgather, broadcast or reduce (
 Reduce_scatter_block, Allgather, Bcast and Reduce).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
-size, each algorithm makes its --warmup calls back to back, as the timing
-runs them, and then one call from the input, whose result is checked against
-`native` (the MPI library's own Allreduce) on the same data. Then the
-algorithms take turns, repetition by repetition, in an order shuffled for
-each repetition, so drift of a shared machine hits them alike. A turn is a
-barrier and then a batch of back-to-back calls, as in nccl-tests (calls for
-about a millisecond, or --batch seconds); its time per call is the slowest
-rank's, and the table shows the median over repetitions. With --passes N the
+size, each algorithm makes one call from the input, whose result is checked
+against `native` (the MPI library's own Allreduce) on the same data, and then
+its --warmup calls as the timing runs them. Then the algorithms take turns,
+repetition by repetition, in an order shuffled for each repetition, so drift
+of a shared machine hits them alike. A turn is a barrier and then a batch of
+back-to-back calls, as in nccl-tests (calls for about a millisecond, or
+--batch seconds; a tiny --batch times calls one by one); its time per call is
+the slowest rank's, and the table shows the median over repetitions. With --passes N the
 whole grid is timed N times (every other pass from the largest size down) and
 each case shows the median of its passes: on a shared machine whose speed
 moves for seconds at a time, a size then rests on more than one moment.
@@ -176,14 +176,15 @@ def _written(args, comm, rows: list[dict], baseline) -> list[dict]:
 
 
 def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) -> tuple[dict, dict]:
-    """Each case's median seconds per call, the slowest rank's, timed in turns, and the elements its
-    result got wrong against MPI's own on the same inputs (every rank's together), after `warmup`
-    untimed calls of each. `cases`: label -> (algorithm, segment).
+    """Each case's median seconds per call, the slowest rank's, timed in turns after `warmup` untimed
+    calls of each, and the elements its result got wrong against MPI's own on the same inputs (every
+    rank's together). `cases`: label -> (algorithm, segment).
 
-    The warm-up calls run as the timed ones do, back to back with nothing between them (in place,
-    each on the last one's result): `auto`'s online tuning times its trials there, and ringtree's
-    engine takes up to 2x as long in place on the last call's result as on input the program just
-    wrote (docs/performance.md), so trials on restored input chose for another pattern."""
+    The warm-up calls run as the timed ones do (time_in_turns), in batches of back-to-back calls
+    (in place, each on the last one's result): `auto`'s online tuning times its trials there, and
+    ringtree's engine takes up to 2x as long in place on the last call's result as on input the
+    program just wrote (docs/performance.md), so trials on restored input chose for another
+    pattern; and a call after a barrier takes another time than one right after the last."""
     inplace, cupy = getattr(args, "inplace", False), getattr(args, "cupy", False)  # tune's arguments have neither
     send, out, expected = _buffers(comm, name, count, dtype, op, cupy)
     original = out.copy()
@@ -195,14 +196,12 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
     # which changes neither the work nor its time: numpy need not warn about it.
     with np.errstate(over="ignore" if inplace else "warn"):
         for call in calls.values():
-            for _ in range(warmup):
-                call()
             out[...] = original  # the checked call starts from the input
             call()
             got = out.get() if cupy else out
             wrong.append(np.count_nonzero(got != expected) if checked else 0)
         wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
-        return time_in_turns(comm, calls, args.batch, args.iters, args.budget), wrong
+        return time_in_turns(comm, calls, args.batch, args.iters, args.budget, warmup), wrong
 
 
 def _buffers(comm, name, count, dtype, op, cupy: bool):

@@ -41,14 +41,17 @@ def exact_inputs(comm, count: int, dtype, op: ReduceOp = ReduceOp.SUM) -> tuple[
     return data, expected
 
 
-def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float) -> dict:
+def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float, warmup: int = 0) -> dict:
     """Median seconds per call of each of `calls`, the slowest rank's.
 
     A repetition gives every call a turn: a barrier, then a batch of about
     `batch_seconds` of back-to-back calls. The order of the turns is shuffled
     anew for each repetition (alike on every rank), so no call always follows
     the same other one. `iters` repetitions, or fewer (at least 3) where they
-    would take more than `budget` seconds per call.
+    would take more than `budget` seconds per call. First each call makes at
+    least `warmup` untimed calls as its timed ones run, in batches with a
+    barrier before each: `auto`'s online tuning times its trials there, which
+    choose for the pattern of calls they see (back to back, or one at a time).
     """
     for call in calls.values():
         call()  # the first call of a shape builds its plan: not a measure of the rest
@@ -59,6 +62,11 @@ def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: f
     slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
     batch = max(1, int(batch_seconds / max(slowest_call, 1e-9)))
     iters = max(3, min(iters, int(budget / (slowest_call * batch))))
+    for call in calls.values():
+        for _ in range(-(-warmup // batch)):
+            comm.Barrier()
+            for _ in range(batch):
+                call()
     names = list(calls)
     times = {name: [] for name in names}
     for repetition in range(iters):
