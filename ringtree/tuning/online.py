@@ -5,10 +5,12 @@ to 2^k - 1 bytes are class k), whether the call is in place, the element size,
 and whether the MPI library's own allreduce ("native") may run the call. The
 calls of a key take the candidates one after another, trials(key) calls in a
 row each; each rank keeps the time of every call. At the key's next call the ranks combine those times
-into the slowest rank's per call (one small allreduce), and commit to the candidate whose best call
-was fastest. The slowest rank's time per call, not each rank's best: in calls in a row the ranks
-take turns at arriving late, and the late one's call is short, so each rank's best alone is
-shorter than any call took on all of them. Every rank makes the same calls in the same order, so every rank
+into the slowest rank's per call (one small allreduce), and commit to the candidate whose median
+call was fastest. The slowest rank's time per call, not each rank's own: in calls in a row the ranks
+take turns at arriving late, and the late one's call is short, so each rank's times alone are
+shorter than any call took on all of them. The median, not the best: a candidate whose calls vary
+(a stepwise exchange that sometimes meets its peer just in time) is as fast as its typical call,
+not its luckiest, and the first call, which builds the candidate's plan, does not count. Every rank makes the same calls in the same order, so every rank
 tries the same candidate at the same call and commits the same choice, whatever
 its own clock said.
 
@@ -19,6 +21,7 @@ over ranks) comes in as functions.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -30,8 +33,8 @@ __all__ = ["NATIVE", "TRIALS", "TRIALS_SMALL", "Key", "trials", "Option", "Tuner
 
 NATIVE = "native"  # the MPI library's own Allreduce
 HIERARCHICAL = "hierarchical"
-# Timed calls per candidate (the first also builds the candidate's plan, so each rank keeps its best):
-# more below 1 MiB, where a call is short and one call's time noisy.
+# Timed calls per candidate (the first also builds the candidate's plan, which the median leaves
+# out): more below 1 MiB, where a call is short and one call's time noisy.
 TRIALS = 3
 TRIALS_SMALL = 7
 SMALL_CLASS = 20  # size classes up to this one (messages under 1 MiB) take TRIALS_SMALL
@@ -145,12 +148,12 @@ class Tuner:
         flat = combine([seconds for times in exploration.times for seconds in times])  # every rank made as many
         slowest, at = [], 0
         for times in exploration.times:
-            slowest.append(min(flat[at:at + len(times)], default=math.inf))
+            slowest.append(statistics.median(flat[at:at + len(times)]) if times else math.inf)
             at += len(times)
         index = min(range(len(slowest)), key=lambda i: (slowest[i], i))
         option = self.committed[key] = exploration.options[index]
         del self.explorations[key]
-        log.info("tune %s: committed to %s; the trials' times (the best of %d calls, each the slowest rank's): %s", key,
+        log.info("tune %s: committed to %s; the trials' times (the median of %d calls, each the slowest rank's): %s", key,
                  option, trials(key),
                  ", ".join(f"{o} {s * 1e6:.1f} us" for o, s in zip(exploration.options, slowest)))
         self.on_commit(key, option)
