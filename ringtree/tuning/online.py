@@ -4,15 +4,17 @@ A key is what changes the winner: the message's size class (sizes from 2^(k-1)
 to 2^k - 1 bytes are class k), whether the call is in place, the element size,
 and whether the MPI library's own allreduce ("native") may run the call. The
 calls of a key take the candidates one after another, trials(key) calls in a
-row each; each rank keeps the time of every call. At the key's next call the ranks combine those times
-into the slowest rank's per call (one small allreduce), and commit to the candidate whose median
-call was fastest. The slowest rank's time per call, not each rank's own: in calls in a row the ranks
-take turns at arriving late, and the late one's call is short, so each rank's times alone are
-shorter than any call took on all of them. The median, not the best: a candidate whose calls vary
-(a stepwise exchange that sometimes meets its peer just in time) is as fast as its typical call,
-not its luckiest, and the first call, which builds the candidate's plan, does not count. Every rank makes the same calls in the same order, so every rank
-tries the same candidate at the same call and commits the same choice, whatever
-its own clock said.
+row each; each rank keeps the time of every call. At the key's next call the
+ranks combine those times into the slowest rank's per call (one small
+allreduce), and commit to the candidate whose median call was fastest. The
+slowest rank's time per call, not each rank's own: in calls in a row the ranks
+take turns at arriving late, and the late one's call is short, so each rank's
+times alone are shorter than any call took on all of them. The median, not the
+best: a candidate whose calls vary is as fast as its typical call, not its
+luckiest, and the first call, which builds the candidate's plan, does not
+count. Every rank makes the same calls in the same order, so every rank tries
+the same candidate at the same call and commits the same choice, whatever its
+own clock said.
 
 Pure: the engine's work (waiting for trials in flight, combining the times
 over ranks) comes in as functions.
