@@ -52,6 +52,17 @@ def test_bench_gives_each_case_the_median_of_its_passes(bench_results):
     assert "passes_us" not in bench_results[False][1]["rows"][0]
 
 
+def test_bench_times_auto_once_online_tuning_has_chosen(tmp_path):
+    """An allreduce's first calls of a size are online tuning's trials of its candidates (42 calls at
+    64 KiB on 2 ranks): bench warms `auto` up until they are over and the ranks have committed to a
+    choice, however few --warmup calls it is given (here none, and 3 timed calls of one)."""
+    run = run_mpiexec(2, "-m", "ringtree", "bench", "-b", "64K", "-e", "64K", "--algorithms", "auto,native",
+                      "--iters", "3", "--warmup", "0", "--batch", "1e-9",
+                      env={"RINGTREE_CACHE_DIR": str(tmp_path), "RINGTREE_DEBUG": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "tune 65536-131071 B, out of place, 4-byte elements, native allowed: committed to" in run.stderr
+
+
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
 def test_bench_of_every_collective_checks_it_against_native_with_nccl_tests_busbw(tmp_path, collective):
     path = tmp_path / "bench.json"

@@ -5,7 +5,8 @@ Reduce_scatter_block, Allgather, Bcast and Reduce).
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm makes one call from the input, whose result is checked
 against `native` (the MPI library's own Allreduce) on the same data, and then
-its --warmup calls as the timing runs them. Then the algorithms take turns,
+its --warmup calls as the timing runs them (an allreduce's `auto`: until online
+tuning's trials of its candidates are over). Then the algorithms take turns,
 repetition by repetition, in an order shuffled for each repetition, so drift
 of a shared machine hits them alike. A turn is a barrier and then a batch of
 back-to-back calls, as in nccl-tests (calls for about a millisecond, or
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -39,6 +41,7 @@ from ..api.allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
 from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support
+from ..runtime.state import existing_state
 from ..tuning.online import NATIVE
 from .arguments import (
     UsageError,
@@ -184,7 +187,9 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
     (in place, each on the last one's result): `auto`'s online tuning times its trials there, and
     ringtree's engine takes up to 2x as long in place on the last call's result as on input the
     program just wrote (docs/performance.md), so trials on restored input chose for another
-    pattern; and a call after a barrier takes another time than one right after the last."""
+    pattern; and a call after a barrier takes another time than one right after the last. An
+    allreduce's `auto` warms up until its trials are over: the table shows what it chose, not
+    the candidates it tried."""
     inplace, cupy = getattr(args, "inplace", False), getattr(args, "cupy", False)  # tune's arguments have neither
     send, out, expected = _buffers(comm, name, count, dtype, op, cupy)
     original = out.copy()
@@ -201,7 +206,15 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
             got = out.get() if cupy else out
             wrong.append(np.count_nonzero(got != expected) if checked else 0)
         wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
-        return time_in_turns(comm, calls, args.batch, args.iters, args.budget, warmup), wrong
+        tuned = {label: partial(_tuned, comm) for label, (algorithm, _) in cases.items()
+                 if algorithm == "auto" and name == "allreduce"}
+        return time_in_turns(comm, calls, args.batch, args.iters, args.budget, warmup, tuned), wrong
+
+
+def _tuned(comm) -> bool:
+    """Whether online tuning on `comm` has no trials under way (or does not tune)."""
+    state = existing_state(comm)
+    return state is None or state.tuner is None or not state.tuner.explorations
 
 
 def _buffers(comm, name, count, dtype, op, cupy: bool):

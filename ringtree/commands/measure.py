@@ -17,6 +17,9 @@ __all__ = ["in_pass_order", "exact_inputs", "time_in_turns", "across_ranks", "bu
 BLIP_WITHIN = 0.05
 # Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
 UNSPLIT_MAX_BYTES = 16 << 20
+# Batches a call's warm-up may go on past --warmup until it is warm (time_in_turns' settled): online
+# tuning's trials take at most 7 calls of each of 9 candidates.
+SETTLING_BATCHES = 100
 
 
 def in_pass_order(sizes: list, k: int) -> list:
@@ -41,7 +44,8 @@ def exact_inputs(comm, count: int, dtype, op: ReduceOp = ReduceOp.SUM) -> tuple[
     return data, expected
 
 
-def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float, warmup: int = 0) -> dict:
+def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: float, warmup: int = 0,
+                  settled: dict | None = None) -> dict:
     """Median seconds per call of each of `calls`, the slowest rank's.
 
     A repetition gives every call a turn: a barrier, then a batch of about
@@ -52,6 +56,9 @@ def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: f
     least `warmup` untimed calls as its timed ones run, in batches with a
     barrier before each: `auto`'s online tuning times its trials there, which
     choose for the pattern of calls they see (back to back, or one at a time).
+    `settled[name]()`, where given, says whether that call is warm: its
+    warm-up goes on, batch by batch, until it is on every rank (at most
+    SETTLING_BATCHES more).
     """
     for call in calls.values():
         call()  # the first call of a shape builds its plan: not a measure of the rest
@@ -62,8 +69,11 @@ def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: f
     slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
     batch = max(1, int(batch_seconds / max(slowest_call, 1e-9)))
     iters = max(3, min(iters, int(budget / (slowest_call * batch))))
-    for call in calls.values():
-        for _ in range(-(-warmup // batch)):
+    for name, call in calls.items():
+        warm = (settled or {}).get(name)
+        for done in range(-(-warmup // batch) + (SETTLING_BATCHES if warm else 0)):
+            if warm is not None and done >= -(-warmup // batch) and comm.allreduce(bool(warm()), MPI.LAND):
+                break
             comm.Barrier()
             for _ in range(batch):
                 call()
