@@ -69,10 +69,11 @@ def time_in_turns(comm, calls: dict, batch_seconds: float, iters: int, budget: f
     slowest_call = comm.allreduce(time.perf_counter() - start, MPI.MAX) / len(calls)
     batch = max(1, int(batch_seconds / max(slowest_call, 1e-9)))
     iters = max(3, min(iters, int(budget / (slowest_call * batch))))
+    batches = -(-warmup // batch)
     for name, call in calls.items():
         warm = (settled or {}).get(name)
-        for done in range(-(-warmup // batch) + (SETTLING_BATCHES if warm else 0)):
-            if warm is not None and done >= -(-warmup // batch) and comm.allreduce(bool(warm()), MPI.LAND):
+        for done in range(batches + (SETTLING_BATCHES if warm is not None else 0)):
+            if warm is not None and done >= batches and comm.allreduce(bool(warm()), MPI.LAND):
                 break
             comm.Barrier()
             for _ in range(batch):
