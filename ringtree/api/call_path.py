@@ -190,16 +190,14 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     they come again (as _first binds)."""
     plan, state, steps, source, target, inplace, seen = hit
     recvbuf, what = buffers[1], plan.what
-    if kept and not seen_before(seen, (id(buffers[0]), id(recvbuf), id(buffers[2])), buffers):
-        kept = False
-    native = plan.native is not None
+    kept = kept and seen_before(seen, (id(buffers[0]), id(recvbuf), id(buffers[2])), buffers)
     if not blocking:
         start = partial(_started, plan, state, source, target, inplace, what, recvbuf)
         if kept:
             keep_again("allreduce", False, buffers, recvbuf, target.nbytes, algorithm, comm, state, start, None, what,
                        None)
         return start()
-    if not native:
+    if plan.native is None:
         run = steps_runner(plan, state, steps, source, target)
     elif kept:  # memoryviews made once pay off for arrays the next call brings again
         run = native_runner(plan.native, state, source, target, inplace)
@@ -207,7 +205,7 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
         run = partial(run_native, plan.native, state, source, target, inplace)
     if kept:
         keep_again("allreduce", True, buffers, recvbuf, target.nbytes, algorithm, comm, state, run, None, what,
-                   confirm_end, native)
+                   confirm_end, plan.native is not None)
     watched(run, what)
     return recvbuf
 
@@ -227,13 +225,16 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     """A call past the repeat paths: on arrays of an arrangement seen before, only what they can fail checked
     (of_arrangement); else its arguments checked and what it shares with the calls of its shape looked up
     (SHAPES), else found or made (its plan among them); bound to its arrays (_bound)."""
-    hit = of_arrangement(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) if key is not None else None
+    arranged = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True) if key is not None else None
+    hit = of_arrangement(arranged, buffers, key) if arranged is not None else None
     if hit is not None:
         if hit[0].comparison is not None:
             _agree(hit[0])
         return _bound(*hit, name, blocking, buffers, None, False, algorithm, segment, check, comm)
     given = timeout
     call, state, current, timeout = _checked(name, comm, algorithm, segment, check, timeout, buffers)
+    if key is not None and arranged is None:  # the first call: its checks read the settings its key names
+        arranged = arguments_key(name, blocking, comm, algorithm, segment, check, given, buffers, True)
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
             and transport_for(state, call.backend) is None):
         return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
@@ -246,15 +247,14 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
             shape = seen[0]
             if shape.comparison is not None:
                 _agree(shape)
-            keep_shape(seen, key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, given, buffers,
-                       key)  # the arrangement of its arguments, if new
+            keep_shape(seen, key_of_shape, shape, call, blocking, buffers, key, arranged)  # the arrangement, if new
             if key is None or not seen_before(seen, key, buffers):
                 key, kept = None, False  # bound once its arrays come again: new arrays would not use it
             return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
     shape = _shaped(name, comm, algorithm, segment, check, timeout, call, state, current)
     if key_of_shape is not None and shape.trial is None:
-        keep_shape(None, key_of_shape, shape._replace(arguments=(comm, current), call=None), call, name, blocking,
-                   comm, algorithm, segment, check, given, buffers, key)
+        keep_shape(None, key_of_shape, shape._replace(arguments=(comm, current), call=None), call, blocking, buffers,
+                   key, arranged)
     return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
 
 

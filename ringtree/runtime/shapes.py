@@ -37,10 +37,14 @@ def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buff
     None for any other (tensors, buffer specifications). A blocking call and a started one differ: the
     first may run through its plan's persistent request (native_runner). `arranged`: its key in SHAPES
     by its arguments' arrangement instead, arrays by dtype, shape and which of them are one array, with
-    the settings (by identity: SHAPES holds them), for the calls on other arrays of it (of_arrangement)."""
+    the settings (by identity: SHAPES holds them), for the calls on other arrays of it (of_arrangement);
+    None before the first call has read the settings."""
     parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
     if arranged:
-        parts += ("arranged", id(settings.cached()))  # None before the first call: nothing then to find
+        current = settings.cached()
+        if current is None:
+            return None
+        parts += ("arranged", id(current))
         arrays = []
     for value in buffers:
         kind = type(value)
@@ -68,13 +72,13 @@ def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current,
             reduce_op, inplace)
 
 
-def of_arrangement(name, blocking, comm, algorithm, segment, check, timeout, buffers, key) -> tuple | None:
+def of_arrangement(arranged, buffers, key) -> tuple | None:
     """(what the calls of its shape share, the call checked) of a call on numpy arrays of an arrangement
-    seen before (SHAPES, arranged; `key`, its arguments_key), after only the checks that other arrays of
-    the arrangement can fail (rebound); None for the call to go the way of its full checks, as also
-    where its arguments are among those the shape's last calls ran unbound with (seen_before), which
-    that way binds to its arrays."""
-    found = SHAPES.get(arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True))
+    seen before (SHAPES by `arranged`, its arguments_key arranged; `key`, its arguments_key), after
+    only the checks that other arrays of the arrangement can fail (rebound); None for the call to go
+    the way of its full checks, as also where its arguments are among those the shape's last calls
+    ran unbound with (seen_before), which that way binds to its arrays."""
+    found = SHAPES.get(arranged)
     if found is None:
         return None
     entry, arrangement = found
@@ -100,11 +104,10 @@ def seen_before(entry, key, buffers) -> bool:
     return False
 
 
-def keep_shape(entry, key_of_shape, shape, call, name, blocking, comm, algorithm, segment, check, timeout, buffers,
-               key) -> None:
+def keep_shape(entry, key_of_shape, shape, call, blocking, buffers, key, arranged) -> None:
     """Keep what the calls of a shape share (`shape`, with no arrays) by the shape's key, unless its
     `entry` is kept already, and, where the call's arguments have a key (`key`) and their arrangement a
-    way to other arrays (arrangement_of), the arrangement by its key, with the entry."""
+    way to other arrays (arrangement_of), the arrangement by its key (`arranged`), with the entry."""
     if len(SHAPES) >= REPEATS_MAX:
         SHAPES.clear()
     if entry is None:
@@ -112,10 +115,9 @@ def keep_shape(entry, key_of_shape, shape, call, name, blocking, comm, algorithm
         if key is not None and not may_keep(shape.state, blocking):
             seen_before(entry, key, buffers)  # its arrays are not bound now: bound once they come again
     if key is not None:
-        kept_as = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True)
-        arrangement = arrangement_of(call, buffers) if kept_as not in SHAPES else None
+        arrangement = arrangement_of(call, buffers) if arranged not in SHAPES else None
         if arrangement is not None:
-            SHAPES[kept_as] = entry, arrangement
+            SHAPES[arranged] = entry, arrangement
 
 
 def arrangement_of(call, buffers) -> tuple | None:
