@@ -1,14 +1,28 @@
-"""What a small allreduce costs in Python at the least, beside ringtree and native MPI. Two ranks.
+"""What a small allreduce costs in Python at the least, over MPI and over shared memory, beside
+ringtree and MPI's own calls. Two ranks.
 
-    mpiexec -n 2 python scripts/small-message-floor.py [--count 2]
+    mpiexec -n 2 python scripts/small-message-floor.py [--count 1] [--batches 50]
 
-`floor` is the least any Python allreduce must do: check the arguments, one
-Sendrecv with the other rank, and one add with numpy. Times are medians over
-50 batches of 100 back-to-back calls, the slowest rank's.
+  native       MPI's blocking Allreduce
+  persistent   MPI's persistent allreduce (Allreduce_init): Start, then Test until done, from Python
+  floor        the least any Python allreduce over MPI must do: check the arguments, one Sendrecv
+               with the other rank, one add with numpy
+  shared       the exchange alone over memory both ranks map (an MPI shared window), no MPI call
+               and no checks, as `persistent`: write the data and then a call number into this
+               rank's slot, poll the other rank's number, one add (two slots a rank, taken in turns:
+               a rank writes a slot again only once the other has begun the call after the one that
+               read it). Only where both ranks share a node; it relies on the CPU keeping stores in
+               order (x86 does)
+  ringtree     ringtree's allreduce of the same arrays, again and again: auto runs `persistent`'s
+               exchange, with what a repeated call checks around it
+
+float64 sum; times are medians over batches of 100 back-to-back calls, the slowest rank's, the
+cases taking turns batch by batch.
 """
 
 import argparse
 import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -17,41 +31,88 @@ from ringtree.allreduce import allreduce
 from ringtree.api.collective_args import prepared
 
 
+class SharedExchange:
+    """Two slots of `count` float64 for each of the two ranks, with a call number, in a shared window."""
+
+    def __init__(self, node, count: int) -> None:
+        self.rank, self.count = node.Get_rank(), count
+        stride = 8 * (1 + 2 * count)  # the call number, then two slots
+        self.window = MPI.Win.Allocate_shared(2 * stride if self.rank == 0 else 0, 1, comm=node)
+        memory = np.frombuffer(self.window.Shared_query(0)[0], np.uint8)
+        numbers = [memory[rank * stride:rank * stride + 8].view(np.int64) for rank in (0, 1)]
+        slots = [memory[rank * stride + 8:(rank + 1) * stride].view(np.float64).reshape(2, count) for rank in (0, 1)]
+        self.mine, self.theirs = numbers[self.rank], numbers[1 - self.rank]
+        self.my_slots, self.their_slots = list(slots[self.rank]), list(slots[1 - self.rank])  # a view of each slot
+        self.mine[0], self.calls = 0, 0
+        node.Barrier()
+
+    def allreduce(self, data, out) -> None:
+        calls = self.calls = self.calls + 1
+        slot = calls & 1
+        self.my_slots[slot] = data
+        self.mine[0] = calls  # after the data: the other rank reads the number, then the data
+        theirs = self.theirs
+        while theirs[0] < calls:
+            pass
+        np.add(data, self.their_slots[slot], out)
+
+    def free(self) -> None:
+        self.window.Free()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=2, help="float32 elements")
+    parser.add_argument("--count", type=int, default=1, help="float64 elements (default 1: 8 bytes)")
+    parser.add_argument("--batches", type=int, default=50, help="batches of 100 calls per case")
     args = parser.parse_args()
+    if args.count < 1 or args.batches < 1:
+        parser.error("--count and --batches must be at least 1")
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
         raise SystemExit("run on 2 ranks")
-    private = comm.Dup()
-    other = 1 - comm.Get_rank()
-    data = np.ones(args.count, np.float32)
+    private, other = comm.Dup(), 1 - comm.Get_rank()
+    data = np.ones(args.count)
     out, incoming = np.empty_like(data), np.empty_like(data)
+    request = comm.Allreduce_init(data, out)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    shared = SharedExchange(node, args.count) if node.Get_size() == 2 else None
+
+    def persistent():
+        request.Start()
+        while not request.Test():
+            pass
 
     def floor():
         prepared("allreduce", comm, data, out, MPI.SUM)
         private.Sendrecv([data, MPI.BYTE], other, 7, [incoming, MPI.BYTE], other, 7)
-        np.add(data, incoming, out=out)
+        np.add(data, incoming, out)
 
-    candidates = {
-        "native": lambda: comm.Allreduce(data, out),
-        "floor": floor,
-        "ringtree auto": lambda: allreduce(data, out, comm=comm),
-    }
-    for name, call in candidates.items():
+    cases = {"native": lambda: comm.Allreduce(data, out), "persistent": persistent, "floor": floor,
+             "shared": partial(shared.allreduce, data, out) if shared else None,
+             "ringtree": lambda: allreduce(data, out, comm=comm)}
+    cases = {name: call for name, call in cases.items() if call is not None}
+    for call in cases.values():
         for _ in range(200):
             call()
-        batches = []
-        for _ in range(50):
+    times = {name: [] for name in cases}
+    for _ in range(args.batches):
+        for name, call in cases.items():
             comm.Barrier()
             start = time.perf_counter()
             for _ in range(100):
                 call()
-            batches.append((time.perf_counter() - start) / 100)
+            times[name].append((time.perf_counter() - start) / 100)
+    native = None
+    for name, batches in times.items():
         slowest = comm.allreduce(float(np.median(batches)), MPI.MAX)
+        native = native or slowest
         if comm.Get_rank() == 0:
-            print(f"{name:>14}: {slowest * 1e6:6.1f} us per call ({data.nbytes} bytes)")
+            print(f"{name:>10}: {slowest * 1e6:6.2f} us per call, {slowest / native:4.2f}x native ({data.nbytes} bytes)")
+    if shared is None and comm.Get_rank() == 0:
+        print("    shared: the two ranks are not on one node")
+    request.Free()
+    if shared is not None:
+        shared.free()
 
 
 if __name__ == "__main__":
