@@ -49,7 +49,7 @@ class SharedExchange:
     def allreduce(self, data, out) -> None:
         calls = self.calls = self.calls + 1
         slot = calls & 1
-        self.my_slots[slot] = data
+        self.my_slots[slot][...] = data
         self.mine[0] = calls  # after the data: the other rank reads the number, then the data
         theirs = self.theirs
         while theirs[0] < calls:
@@ -71,7 +71,7 @@ def main() -> None:
     if comm.Get_size() != 2:
         raise SystemExit("run on 2 ranks")
     private, other = comm.Dup(), 1 - comm.Get_rank()
-    data = np.ones(args.count)
+    data = np.arange(args.count, dtype=np.float64) + comm.Get_rank()
     out, incoming = np.empty_like(data), np.empty_like(data)
     request = comm.Allreduce_init(data, out)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -91,9 +91,13 @@ def main() -> None:
              "shared": partial(shared.allreduce, data, out) if shared else None,
              "ringtree": lambda: allreduce(data, out, comm=comm)}
     cases = {name: call for name, call in cases.items() if call is not None}
-    for call in cases.values():
+    expected = 2 * np.arange(args.count) + 1.0
+    for name, call in cases.items():
         for _ in range(200):
+            out[:] = 0
             call()
+            if not np.array_equal(out, expected):
+                raise SystemExit(f"{name} gave {out}, not {expected}")
     times = {name: [] for name in cases}
     for _ in range(args.batches):
         for name, call in cases.items():
