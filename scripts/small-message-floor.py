@@ -1,7 +1,7 @@
 """What a small allreduce costs in Python at the least, over MPI and over shared memory, beside
 ringtree and MPI's own calls. Two ranks.
 
-    mpiexec -n 2 python scripts/small-message-floor.py [--count 1] [--batches 50]
+    mpiexec -n 2 python scripts/small-message-floor.py [--count 1] [--iters 15]
 
   native       MPI's blocking Allreduce
   persistent   MPI's persistent allreduce (Allreduce_init): Start, then Test until done, from Python
@@ -16,12 +16,12 @@ ringtree and MPI's own calls. Two ranks.
   ringtree     ringtree's allreduce of the same arrays, again and again: auto runs `persistent`'s
                exchange, with what a repeated call checks around it
 
-float64 sum; times are medians over batches of 100 back-to-back calls, the slowest rank's, the
-cases taking turns batch by batch.
+float64 sum; every case's result is checked first; timing is bench's (measure.time_in_turns):
+turns in shuffled order, each a barrier and about 10 ms of back-to-back calls, medians of the
+slowest rank.
 """
 
 import argparse
-import time
 from functools import partial
 
 import numpy as np
@@ -29,13 +29,14 @@ from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
 from ringtree.api.collective_args import prepared
+from ringtree.commands.measure import time_in_turns
 
 
 class SharedExchange:
     """Two slots of `count` float64 for each of the two ranks, with a call number, in a shared window."""
 
     def __init__(self, node, count: int) -> None:
-        self.rank, self.count = node.Get_rank(), count
+        self.rank = node.Get_rank()
         stride = 8 * (1 + 2 * count)  # the call number, then two slots
         self.window = MPI.Win.Allocate_shared(2 * stride if self.rank == 0 else 0, 1, comm=node)
         memory = np.frombuffer(self.window.Shared_query(0)[0], np.uint8)
@@ -63,10 +64,10 @@ class SharedExchange:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=1, help="float64 elements (default 1: 8 bytes)")
-    parser.add_argument("--batches", type=int, default=50, help="batches of 100 calls per case")
+    parser.add_argument("--iters", type=int, default=15, help="turns per case (medians)")
     args = parser.parse_args()
-    if args.count < 1 or args.batches < 1:
-        parser.error("--count and --batches must be at least 1")
+    if args.count < 1 or args.iters < 1:
+        parser.error("--count and --iters must be at least 1")
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
         raise SystemExit("run on 2 ranks")
@@ -88,7 +89,7 @@ def main() -> None:
         np.add(data, incoming, out)
 
     cases = {"native": lambda: comm.Allreduce(data, out), "persistent": persistent, "floor": floor,
-             "shared": partial(shared.allreduce, data, out) if shared else None,
+             "shared": partial(shared.allreduce, data, out) if shared is not None else None,
              "ringtree": lambda: allreduce(data, out, comm=comm)}
     cases = {name: call for name, call in cases.items() if call is not None}
     expected = 2 * np.arange(args.count) + 1.0
@@ -98,22 +99,13 @@ def main() -> None:
             call()
             if not np.array_equal(out, expected):
                 raise SystemExit(f"{name} gave {out}, not {expected}")
-    times = {name: [] for name in cases}
-    for _ in range(args.batches):
-        for name, call in cases.items():
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(100):
-                call()
-            times[name].append((time.perf_counter() - start) / 100)
-    native = None
-    for name, batches in times.items():
-        slowest = comm.allreduce(float(np.median(batches)), MPI.MAX)
-        native = native or slowest
-        if comm.Get_rank() == 0:
-            print(f"{name:>10}: {slowest * 1e6:6.2f} us per call, {slowest / native:4.2f}x native ({data.nbytes} bytes)")
-    if shared is None and comm.Get_rank() == 0:
-        print("    shared: the two ranks are not on one node")
+    median = time_in_turns(comm, cases, 0.01, args.iters, 3.0)
+    if comm.Get_rank() == 0:
+        for name, seconds in median.items():
+            print(f"{name:>10}: {seconds * 1e6:6.2f} us per call, {seconds / median['native']:4.2f}x native "
+                  f"({data.nbytes} bytes)")
+        if shared is None:
+            print("    shared: the two ranks are not on one node")
     request.Free()
     if shared is not None:
         shared.free()
