@@ -75,20 +75,19 @@ def run_mpiexec(nranks, *args, options=(), env=None, timeout=240):
         return subprocess.CompletedProcess(command, -9, said[0], said[1] + f"\n[killed after {timeout} s]")
 
 
-def gloo_on_mpi_ranks():
-    """torch.distributed on gloo over the MPI ranks (once per process), its rendezvous at a free port of
-    rank 0's, found over MPI: DDP's setup, for the torch tests."""
-    import socket
-
+def torch_groups():
+    """torch.distributed's default group on ringtree's backend, made as a user makes it under mpiexec
+    (`init_process_group("ringtree")`, no other argument), and a gloo group of the same ranks to
+    compare with; each made once per process."""
     import torch.distributed as dist
 
-    world = MPI.COMM_WORLD
+    import ringtree.torch  # noqa: F401  (registers the backend)
+
     if not dist.is_initialized():
-        port = None
-        if world.Get_rank() == 0:
-            with socket.socket() as free:
-                free.bind(("127.0.0.1", 0))
-                port = free.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{world.bcast(port)}", rank=world.Get_rank(),
-                                world_size=world.Get_size())
-    return dist
+        dist.init_process_group("ringtree")
+    if not _GLOO:
+        _GLOO.append(dist.new_group(backend="gloo"))
+    return dist.group.WORLD, _GLOO[0]
+
+
+_GLOO: list = []

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from conftest import assert_everywhere, gloo_on_mpi_ranks, same_on_all_ranks
+from conftest import assert_everywhere, same_on_all_ranks, torch_groups
 
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -88,17 +88,17 @@ def test_bfloat16_is_rounded_after_each_addition_as_ml_dtypes_adds(comm):
 
 @pytest.fixture(scope="module")
 def gloo():
-    """torch.distributed over gloo on the MPI ranks, for DDP's own setup and its own allreduce."""
-    return gloo_on_mpi_ranks()
+    """A gloo group over the MPI ranks, for DDP's own setup and its own allreduce."""
+    return torch_groups()[1]
 
 
-def _ddp_steps(dist, hook, steps=5):
+def _ddp_steps(group, hook, steps=5):
     """A small model trained with DDP for a few steps on each rank's own data; its parameters."""
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)  # several buckets: overlap and is_last are used
+    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.02)  # several buckets: overlap and is_last are used
     if hook is not None:
         ddp.register_comm_hook(MPI.COMM_WORLD, hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)

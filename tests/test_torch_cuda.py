@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import ringtree
-from conftest import assert_everywhere, gloo_on_mpi_ranks, same_on_all_ranks
+from conftest import assert_everywhere, same_on_all_ranks, torch_groups
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
@@ -40,10 +40,10 @@ def test_ddp_on_cuda_with_ringtrees_hook_is_the_same_on_every_rank(comm):
 
     import ringtree.torch
 
-    gloo_on_mpi_ranks()
+    gloo = torch_groups()[1]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
+    ddp = DistributedDataParallel(model, process_group=gloo, bucket_cap_mb=0.02)
     ddp.register_comm_hook(MPI.COMM_WORLD, ringtree.torch.allreduce_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(comm.Get_rank())

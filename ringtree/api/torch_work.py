@@ -1,0 +1,114 @@
+"""The work of a call on ringtree's torch.distributed backend (torch_group.py): what `async_op=True`
+returns, and what DDP and the functional collectives wait on from C++.
+
+A work holds the requests of its call (ringtree's own, or MPI's own wrapped in request.MPIOwn) and
+what is left to do once they are done (copies out of a packed buffer). `wait()` waits for them as
+any ringtree wait does. `get_future()` hands out a torch Future that completes without anyone
+calling into ringtree: C++ code (DDP's reducer) waits on it with no Python running, so from then
+on the progress thread (runtime/progress.py) waits for the work, as it does for a Communicator's
+MPI requests, and sets the Future's result, or its exception. The thread takes a work only when
+no other thread is waiting on it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.distributed as dist
+
+from ..runtime import progress
+from .request import Request
+
+__all__ = ["Work", "done"]
+
+
+class Work(dist._Work):
+    """The work of one call: `wait()`, `is_completed()`, `get_future()` (its value: `result`)."""
+
+    def __init__(self, requests: list, result, then=None) -> None:
+        super().__init__()
+        self._requests, self._result, self._then = requests, result, then
+        self._lock = threading.Lock()
+        self._completed = False
+        self._failure: BaseException | None = None
+        self._future: torch.futures.Future | None = None
+
+    def wait(self, timeout=None) -> bool:  # noqa: ARG002 (ringtree's own timeouts apply: docs/training.md)
+        with self._lock:
+            self._finish(by_owner=True)
+        progress.forget(self)
+        if self._failure is not None:
+            raise self._failure
+        return True
+
+    def is_completed(self) -> bool:
+        if self._completed:
+            return True
+        if not self._lock.acquire(blocking=False):
+            return False  # another thread is waiting for it
+        try:
+            if not self._completed and all(request.test() for request in self._requests):
+                self._finish(by_owner=True)
+            return self._completed
+        finally:
+            self._lock.release()
+
+    def is_success(self) -> bool:
+        return self._completed and self._failure is None
+
+    def exception(self):
+        return self._failure
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._completed:
+                    self._settle()
+                else:
+                    progress.watch(self)
+        return self._future
+
+    def advance(self) -> bool:
+        """For the progress thread: wait for the work unless another thread is; whether it is complete."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._finish(by_owner=False)
+            return True
+        finally:
+            self._lock.release()
+
+    def _finish(self, by_owner: bool) -> None:
+        """Wait for every request, then do what is left; an error ends the work. Under the lock."""
+        if self._completed:
+            return
+        try:
+            for request in self._requests:
+                if by_owner or not isinstance(request, Request):
+                    request.wait()
+                else:
+                    request._wait_for_another()  # noqa: SLF001 (the progress thread notes no thread)
+            if self._then is not None:
+                self._then()
+        except Exception as error:  # any: wait() raises it, the Future carries it
+            self._failure = error
+        self._completed = True
+        if self._future is not None:
+            self._settle()
+
+    def _settle(self) -> None:
+        if self._failure is not None:
+            self._future.set_exception(self._failure)
+        else:
+            self._future.set_result(self._result)
+
+
+def done(result) -> Work:
+    """A work complete already (a call on one rank, a blocking part done)."""
+    return Work([], result)

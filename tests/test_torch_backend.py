@@ -1,0 +1,435 @@
+"""ringtree as a torch.distributed backend: every collective torch code calls, on the default group
+made by `init_process_group("ringtree")` under mpiexec, against the same call on a gloo group of the
+same ranks; DDP (no hook) and FSDP2 trained on each; the errors a user meets. Runs where torch is
+installed (scripts/test makes .venv-torch), at 1 to 4 ranks.
+
+The inputs are small integers, so that every dtype holds every sum exactly in any order: results
+are compared exactly (gloo's call runs in 64 bits where gloo lacks the dtype); averages, which
+divide, within rounding. Results every rank holds must be bitwise the same on every rank."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringtree
+from conftest import assert_everywhere, same_on_all_ranks, torch_groups
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ml_dtypes")  # ringtree reduces bfloat16 with it
+
+pytestmark = pytest.mark.mpi
+
+INTEGERS = [torch.int32, torch.int64]
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@pytest.fixture(scope="module")
+def groups():
+    return torch_groups()
+
+
+@pytest.fixture(scope="module")
+def dist(groups):
+    import torch.distributed
+
+    return torch.distributed
+
+
+def _values(rank, count, dtype, salt=0):
+    """Small integers (-3 to 3) as `dtype`, different on each rank."""
+    values = (np.arange(count) * (rank + 2 + salt) + rank + salt) % 7 - 3
+    return torch.tensor(values).to(dtype)
+
+
+def _wide(tensor):
+    """The same values in 64 bits, for gloo, which does not reduce every dtype."""
+    return tensor.to(torch.float64 if tensor.is_floating_point() else torch.int64)
+
+
+def _bits(tensor):
+    tensor = tensor.detach().contiguous()
+    return tensor.view(torch.int16).numpy() if tensor.dtype is torch.bfloat16 else tensor.numpy()
+
+
+def _differences(comm, name, ours, theirs, everywhere=True, rtol=0.0):
+    """What differs between ringtree's results and gloo's (cast to ringtree's dtype), and, for results
+    every rank holds, between the ranks."""
+    failures = []
+    for index, (a, b) in enumerate(zip(ours, theirs)):
+        b = b.to(a.dtype)
+        same = torch.allclose(a.double(), b.double(), rtol=rtol, atol=0) if rtol else torch.equal(a, b)
+        if a.shape != b.shape or not same:
+            failures.append(f"{name}[{index}]: {a.flatten()[:6]} where gloo gives {b.flatten()[:6]}")
+    if everywhere and not same_on_all_ranks(comm, np.concatenate([_bits(a).ravel().view(np.uint8) for a in ours])):
+        failures.append(f"{name}: the ranks' results differ")
+    return failures
+
+
+def _reduce_ops(dist, dtype):
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+    if not dtype.is_floating_point:
+        ops += [dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
+    return ops
+
+
+@pytest.mark.parametrize("dtype", INTEGERS + FLOATS, ids=str)
+def test_all_reduce_with_every_op_gives_glooss_result_on_every_rank(comm, groups, dist, dtype):
+    ours_group, gloo = groups
+    rank = comm.Get_rank()
+    failures = []
+    for op in _reduce_ops(dist, dtype):
+        ours = _values(rank, 1000, dtype)
+        theirs = _wide(ours)
+        dist.all_reduce(ours, op=op, group=ours_group)
+        dist.all_reduce(theirs, op=op, group=gloo)
+        failures += _differences(comm, f"all_reduce {op}", [ours], [theirs])
+    if dtype.is_floating_point:
+        ours, theirs = _values(rank, 1000, dtype), _wide(_values(rank, 1000, dtype))
+        dist.all_reduce(ours, op=dist.ReduceOp.AVG, group=ours_group)
+        dist.all_reduce(theirs, group=gloo)  # gloo has no AVG: its sum, divided
+        failures += _differences(comm, "all_reduce AVG", [ours], [theirs / comm.Get_size()], rtol=1e-2)
+        ours, theirs = _values(rank, 1000, dtype), _wide(_values(rank, 1000, dtype)) * 0.5
+        dist.all_reduce(ours, op=dist._make_nccl_premul_sum(0.5), group=ours_group)
+        dist.all_reduce(theirs, group=gloo)
+        failures += _differences(comm, "all_reduce PREMUL_SUM 0.5", [ours], [theirs])
+    assert_everywhere(comm, failures)
+
+
+def test_all_reduce_of_random_floats_is_glooss_within_rounding_and_bitwise_the_same_on_every_rank(comm, groups, dist):
+    ours_group, gloo = groups
+    ours = torch.randn(100_000, generator=torch.Generator().manual_seed(comm.Get_rank()))
+    theirs = ours.clone()
+    dist.all_reduce(ours, group=ours_group)
+    dist.all_reduce(theirs, group=gloo)
+    failures = [] if torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5) else ["beyond rounding from gloo's"]
+    if not same_on_all_ranks(comm, ours.numpy()):
+        failures.append("the ranks' results differ")
+    assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_broadcast_and_reduce_from_every_root(comm, groups, dist, dtype):
+    ours_group, gloo = groups
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failures = []
+    for root in range(size):
+        ours = _values(rank, 300, dtype)
+        theirs = _wide(ours)
+        dist.broadcast(ours, src=root, group=ours_group)
+        dist.broadcast(theirs, src=root, group=gloo)
+        failures += _differences(comm, f"broadcast from {root}", [ours], [theirs])
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+            ours = _values(rank, 300, dtype)
+            theirs = _wide(ours)
+            dist.reduce(ours, dst=root, op=op, group=ours_group)
+            dist.reduce(theirs, dst=root, op=op, group=gloo)
+            if rank == root:
+                failures += _differences(comm, f"reduce {op} to {root}", [ours], [theirs], everywhere=False)
+    assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bfloat16, torch.float32], ids=str)
+def test_all_gather_into_a_list_into_a_tensor_and_in_place(comm, groups, dist, dtype):
+    ours_group, gloo = groups
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = _values(rank, 50, dtype).reshape(5, 10)
+    failures = []
+    ours, theirs = [torch.empty_like(mine) for _ in range(size)], [_wide(torch.empty_like(mine)) for _ in range(size)]
+    dist.all_gather(ours, mine, group=ours_group)
+    dist.all_gather(theirs, _wide(mine), group=gloo)
+    failures += _differences(comm, "all_gather", ours, theirs)
+    ours, theirs = mine.new_empty(size * 5, 10), _wide(mine.new_empty(size * 5, 10))
+    dist.all_gather_single(ours, mine, group=ours_group)
+    dist.all_gather_single(theirs, _wide(mine), group=gloo)
+    failures += _differences(comm, "all_gather_single", [ours], [theirs])
+    in_place = mine.new_zeros(size * 50)
+    in_place[rank * 50:(rank + 1) * 50] = mine.reshape(-1)  # as FSDP gathers: its shard is a view of the output
+    dist.all_gather_single(in_place, in_place[rank * 50:(rank + 1) * 50], group=ours_group)
+    failures += _differences(comm, "all_gather_single in place", [in_place], [theirs.reshape(-1)])
+    assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bfloat16, torch.float32], ids=str)
+def test_reduce_scatter_of_a_list_and_of_a_tensor(comm, groups, dist, dtype):
+    ours_group, gloo = groups
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failures = []
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.MAX] + ([dist.ReduceOp.AVG] if dtype.is_floating_point else [])
+    for op in ops:
+        gloo_op, after = (dist.ReduceOp.SUM, 1 / size) if op == dist.ReduceOp.AVG else (op, 1)
+        rtol = 1e-2 if op == dist.ReduceOp.AVG else 0.0
+        inputs = [_values(rank, 7, dtype, salt=block) for block in range(size)]
+        ours, theirs = inputs[0].new_empty(7), _wide(inputs[0].new_empty(7))
+        dist.reduce_scatter(ours, inputs, op=op, group=ours_group)
+        dist.reduce_scatter(theirs, [_wide(t) for t in inputs], op=gloo_op, group=gloo)
+        failures += _differences(comm, f"reduce_scatter {op}", [ours], [theirs * after], everywhere=False, rtol=rtol)
+        whole = _values(rank, 6 * size, dtype).reshape(size * 2, 3)
+        ours, theirs = whole.new_empty(2, 3), _wide(whole.new_empty(2, 3))
+        dist.reduce_scatter_single(ours, whole, op=op, group=ours_group)
+        dist.reduce_scatter_single(theirs, _wide(whole), op=gloo_op, group=gloo)
+        failures += _differences(comm, f"reduce_scatter_single {op}", [ours], [theirs * after], everywhere=False,
+                                 rtol=rtol)
+    assert_everywhere(comm, failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float16, torch.float64], ids=str)
+def test_all_to_all_with_even_and_uneven_splits_and_of_lists(comm, groups, dist, dtype):
+    ours_group, gloo = groups
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failures = []
+    mine = _values(rank, 12 * size, dtype).reshape(4 * size, 3)
+    ours, theirs = torch.empty_like(mine), _wide(torch.empty_like(mine))
+    dist.all_to_all_single(ours, mine, group=ours_group)
+    dist.all_to_all_single(theirs, _wide(mine), group=gloo)
+    failures += _differences(comm, "all_to_all_single, even", [ours], [theirs], everywhere=False)
+    send = [(rank + peer) % 3 for peer in range(size)]  # rows to each peer; some none
+    receive = [(peer + rank) % 3 for peer in range(size)]
+    mine = _values(rank, 3 * sum(send), dtype).reshape(-1, 3)
+    ours, theirs = mine.new_empty(sum(receive), 3), _wide(mine.new_empty(sum(receive), 3))
+    dist.all_to_all_single(ours, mine, receive, send, group=ours_group)
+    dist.all_to_all_single(theirs, _wide(mine), receive, send, group=gloo)
+    failures += _differences(comm, "all_to_all_single, uneven", [ours], [theirs], everywhere=False)
+    inputs = [_values(rank, 5, dtype, salt=peer) for peer in range(size)]
+    ours, theirs = [torch.empty_like(t) for t in inputs], [_wide(torch.empty_like(t)) for t in inputs]
+    dist.all_to_all(ours, inputs, group=ours_group)
+    dist.all_to_all(theirs, [_wide(t) for t in inputs], group=gloo)
+    failures += _differences(comm, "all_to_all", ours, theirs, everywhere=False)
+    inputs = [_values(rank, 1 + peer, dtype, salt=peer) for peer in range(size)]  # gloo takes only equal sizes
+    ours = [torch.empty(1 + rank, dtype=dtype) for _ in range(size)]
+    dist.all_to_all(ours, inputs, group=ours_group)
+    expected = [_values(peer, 1 + rank, dtype, salt=rank) for peer in range(size)]
+    failures += _differences(comm, "all_to_all of uneven sizes", ours, expected, everywhere=False)
+    assert_everywhere(comm, failures)
+
+
+def test_gather_and_scatter_to_and_from_every_root(comm, groups, dist):
+    ours_group, gloo = groups
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failures = []
+    for root in range(size):
+        mine = _values(rank, 9, torch.float32)
+        ours = [torch.empty(9) for _ in range(size)] if rank == root else None
+        theirs = [torch.empty(9) for _ in range(size)] if rank == root else None
+        dist.gather(mine, ours, dst=root, group=ours_group)
+        dist.gather(mine, theirs, dst=root, group=gloo)
+        if rank == root:
+            failures += _differences(comm, f"gather to {root}", ours, theirs, everywhere=False)
+        parts = [_values(peer, 4, torch.int64, salt=root) for peer in range(size)] if rank == root else None
+        ours, theirs = torch.empty(4, dtype=torch.int64), torch.empty(4, dtype=torch.int64)
+        dist.scatter(ours, parts, src=root, group=ours_group)
+        dist.scatter(theirs, parts, src=root, group=gloo)
+        failures += _differences(comm, f"scatter from {root}", [ours], [theirs], everywhere=False)
+    assert_everywhere(comm, failures)
+
+
+def test_send_recv_isend_irecv_and_batch_isend_irecv_round_a_ring(comm, groups, dist):
+    ours_group, _ = groups
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size < 2:
+        pytest.skip("needs a peer")
+    after, before = (rank + 1) % size, (rank - 1) % size
+    failures = []
+    got = torch.empty(5, dtype=torch.bfloat16)
+    if rank % 2 == 0:
+        dist.send(_values(rank, 5, torch.bfloat16), after, group=ours_group)
+        dist.recv(got, before, group=ours_group)
+    else:
+        dist.recv(got, before, group=ours_group)
+        dist.send(_values(rank, 5, torch.bfloat16), after, group=ours_group)
+    if not torch.equal(got, _values(before, 5, torch.bfloat16)):
+        failures.append(f"send/recv: got {got}")
+    got = torch.empty(5, dtype=torch.int64)
+    works = [dist.irecv(got, before, group=ours_group, tag=3), dist.isend(_values(rank, 5, torch.int64), after,
+                                                                          group=ours_group, tag=3)]
+    for work in works:
+        work.wait()
+    if not torch.equal(got, _values(before, 5, torch.int64)):
+        failures.append(f"isend/irecv: got {got}")
+    got = torch.empty(4)
+    operations = [dist.P2POp(dist.isend, _values(rank, 4, torch.float32), after, group=ours_group),
+                  dist.P2POp(dist.irecv, got, before, group=ours_group)]
+    for work in dist.batch_isend_irecv(operations):
+        work.wait()
+    if not torch.equal(got, _values(before, 4, torch.float32)):
+        failures.append(f"batch_isend_irecv: got {got}")
+    assert_everywhere(comm, failures)
+
+
+def test_coalesced_forms_and_functional_collectives(comm, groups, dist):
+    import torch.distributed._functional_collectives as functional
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ours_group, gloo = groups
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failures = []
+    ours = [_values(rank, n, torch.float32) for n in (3, 1000)]
+    theirs = [t.clone() for t in ours]
+    dist.all_reduce_coalesced(ours, group=ours_group)
+    dist.all_reduce_coalesced(theirs, group=gloo)
+    failures += _differences(comm, "all_reduce_coalesced", ours, theirs)
+    ours = [_values(rank, n, torch.int64) for n in (3, 1000)]
+    theirs = [t.clone() for t in ours]
+    with _coalescing_manager(group=ours_group, async_ops=True) as manager:
+        for tensor in ours:
+            dist.all_reduce(tensor, group=ours_group)
+    manager.wait()
+    for tensor in theirs:
+        dist.all_reduce(tensor, group=gloo)
+    failures += _differences(comm, "all_reduce under _coalescing_manager", ours, theirs)
+    mine = _values(rank, 6 * size, torch.float32)
+    reduced = functional.all_reduce(mine, "sum", ours_group).wait()
+    gathered = functional.all_gather_tensor(mine[:6], 0, ours_group).wait()
+    scattered = functional.reduce_scatter_tensor(mine, "sum", 0, ours_group).wait()
+    expected = mine.clone()
+    dist.all_reduce(expected, group=gloo)
+    every = torch.empty(6 * size)
+    dist.all_gather_single(every, mine[:6], group=gloo)
+    failures += _differences(comm, "functional all_reduce", [reduced], [expected])
+    failures += _differences(comm, "functional all_gather_tensor", [gathered], [every])
+    failures += _differences(comm, "functional reduce_scatter_tensor", [scattered], [expected[6 * rank:6 * rank + 6]],
+                             everywhere=False)
+    assert_everywhere(comm, failures)
+
+
+def test_async_work_waits_completes_and_gives_a_future_of_its_tensors(comm, groups, dist):
+    ours_group, _ = groups
+    size = comm.Get_size()
+    tensors = [torch.ones(n) for n in (10, 100_000)]
+    works = [dist.all_reduce(t, group=ours_group, async_op=True) for t in tensors]
+    futures = [work.get_future() for work in works]  # completed by the progress thread: nobody waits here
+    values = [future.wait() for future in futures]
+    failures = [f"future {i} gave {v}" for i, v in enumerate(values) if not (len(v) == 1 and v[0] is not None
+                                                                           and torch.equal(v[0], torch.full_like(v[0], size)))]
+    failures += [f"work {i} not completed after its future" for i, w in enumerate(works) if not w.is_completed()]
+    work = dist.broadcast(tensors[0], src=0, group=ours_group, async_op=True)
+    if work.wait() is not True:
+        failures.append("wait() did not return True")
+    chained = dist.all_reduce(torch.ones(4), group=ours_group, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    if not torch.equal(chained.wait(), torch.full((4,), 2.0 * size)):
+        failures.append(f"a chained future gave {chained.wait()}")
+    dist.barrier(group=ours_group)
+    assert_everywhere(comm, failures)
+
+
+def test_bad_input_is_a_clear_error_before_any_message(comm, groups, dist):
+    ours_group, _ = groups
+    rank = comm.Get_rank()
+    failures = []
+    strided = torch.arange(20.0)[::2]
+    before = strided.clone()
+    with pytest.raises(ValueError, match=f"ringtree allreduce on rank {rank}: tensors must be contiguous"):
+        dist.all_reduce(strided, group=ours_group)
+    if not torch.equal(strided, before):
+        failures.append("the tensor changed")
+    with pytest.raises(ValueError, match=f"on rank {rank}: .*input_split_sizes"):
+        dist.all_to_all_single(torch.empty(3), torch.empty(3), [1] * comm.Get_size(), [5] * comm.Get_size(),
+                               group=ours_group)
+    with pytest.raises(NotImplementedError, match="recv from any source"):
+        dist.recv(torch.empty(1), group=ours_group)
+    dist.barrier(group=ours_group)  # every rank is still in step
+    assert_everywhere(comm, failures)
+
+
+def test_ranks_that_disagree_on_a_count_all_get_ringtrees_mismatch_error(comm, dist):
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    group = dist.new_group(backend="ringtree")  # of its own: the failed call stays there
+    failures = []
+    try:
+        dist.all_reduce(torch.ones(10 + comm.Get_rank()), group=group)
+        failures.append("no error")
+    except ringtree.MismatchError as error:
+        if f"on rank {comm.Get_rank()}" not in str(error):
+            failures.append(str(error))
+    assert_everywhere(comm, failures)
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 10))
+
+
+class _Transformer(torch.nn.Module):
+    """A small transformer encoder over token sequences, classifying each sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(50, 32)
+        self.layers = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+                                          for _ in range(2))
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(dim=1))
+
+
+def _batches(rank, model_name, steps=4):
+    data = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=data) if model_name == "mlp" else torch.randint(0, 50, (16, 12), generator=data)
+        yield x, torch.randint(0, 10, (16,), generator=data)
+
+
+def _trained(group, model_name, wrap):
+    """A model trained a few steps on each rank's own data, wrapped by `wrap(model, group)`; its
+    parameters, whole, flattened."""
+    torch.manual_seed(0)
+    model = _mlp() if model_name == "mlp" else _Transformer()
+    wrapped = wrap(model, group)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
+    for x, y in _batches(group.rank(), model_name):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(x), y).backward()
+        optimizer.step()
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return torch.cat([p.detach().reshape(-1) for p in whole])
+
+
+def _ddp(model, group):
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.01)  # several buckets
+
+
+def _fsdp2(model, group):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, "cpu")
+    layers = getattr(model, "layers", None) or [m for m in model if isinstance(m, torch.nn.Linear)]
+    for layer in layers:  # each layer a unit of its own, as FSDP2's examples shard a transformer
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "transformer"])
+@pytest.mark.parametrize("wrap", [_ddp, _fsdp2], ids=["ddp", "fsdp2"])
+def test_training_on_ringtrees_group_ends_where_gloo_does_and_the_same_on_every_rank(comm, groups, wrap, model_name):
+    ours_group, gloo = groups
+    ours = _trained(ours_group, model_name, wrap)
+    theirs = _trained(gloo, model_name, wrap)
+    failures = []
+    if not torch.allclose(ours, theirs, rtol=1e-4, atol=1e-6):
+        failures.append(f"up to {float((ours - theirs).abs().max()):.2e} from gloo's parameters")
+    if not same_on_all_ranks(comm, ours.numpy()):
+        failures.append("the ranks' parameters differ")
+    assert_everywhere(comm, failures)
+
+
+def test_a_group_of_some_ranks_is_an_mpi_communicator_of_those_ranks(comm, dist):
+    evens = list(range(0, comm.Get_size(), 2))
+    group = dist.new_group(evens, backend="ringtree")
+    failures = []
+    if comm.Get_rank() % 2:
+        if group != dist.GroupMember.NON_GROUP_MEMBER:
+            failures.append(f"an odd rank got {group}")
+    else:
+        tensor = torch.tensor([float(comm.Get_rank())])
+        dist.all_reduce(tensor, group=group)
+        ranks = MPI.Group.Translate_ranks(group.comm.Get_group(), list(range(len(evens))), comm.Get_group())
+        if tensor.item() != sum(evens) or list(ranks) != evens or dist.get_backend(group) != "ringtree":
+            failures.append(f"sum {tensor.item()}, ranks {ranks}, backend {dist.get_backend(group)}")
+    assert_everywhere(comm, failures)
