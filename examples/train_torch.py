@@ -57,11 +57,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def wrapped(model, args, group):
-    """The model as DDP or FSDP2 over `group`."""
+def wrapped(model, args, group, hook: bool):
+    """The model as DDP (with ringtree's `args.hook` where `hook`) or FSDP2 over `group`."""
     if args.wrap == "ddp":
         ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=args.bucket_mb)
-        if args.hook:
+        if hook and args.hook:
             ddp.register_comm_hook(ringtree.torch.HookState(MPI.COMM_WORLD), HOOKS[args.hook])
         return ddp
     mesh = DeviceMesh.from_group(group, "cpu")
@@ -80,7 +80,7 @@ def train(args: argparse.Namespace, comm: MPI.Comm, group, label: str, show: boo
     model = torch.nn.Sequential(torch.nn.Linear(x_train.shape[1], args.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(args.hidden, 10))
-    training = wrapped(model, args, group)
+    training = wrapped(model, args, group, hook=label != "gloo")
     optimizer = torch.optim.SGD(training.parameters(), lr=args.lr, momentum=0.9)
     steps_per_epoch = len(y_train) // args.batch_size
     history = []

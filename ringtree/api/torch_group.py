@@ -3,25 +3,31 @@
 ringtree has no schedule, on MPI's own nonblocking call over the group's communicator (alltoall,
 gather, scatter, barrier, send and recv): never on gloo.
 
-Every call starts its collective and returns a Work (torch_work.py) at once; `async_op=False` is
-torch waiting on it. What MPI moves as it is (alltoall, gather, scatter, send, recv) goes as bytes,
+A call torch waits for at once (`async_op=False`: its options' asyncOp) runs ringtree's blocking
+collective, which is quicker for a small one; any other starts the nonblocking one and returns a Work
+(torch_work.py) at once. What MPI moves as it is (alltoall, gather, scatter, send, recv) goes as bytes,
 so that every dtype travels, and a CUDA tensor's through host memory. A tensor must be contiguous,
 as gloo requires; what the backend does not do raises NotImplementedError naming the call.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .allreduce import iallreduce
-from .collectives import iallgather, ibroadcast, ireduce, ireduce_scatter
+from .allreduce import allreduce, iallreduce
+from .collectives import allgather, broadcast, iallgather, ibroadcast, ireduce, ireduce_scatter, reduce, reduce_scatter
 from .request import MPIOwn
 from .torch_work import Work
 
 __all__ = ["ProcessGroup"]
 
+# ringtree's collectives: (blocking, nonblocking)
+_CALLS = {"allreduce": (allreduce, iallreduce), "broadcast": (broadcast, ibroadcast), "reduce": (reduce, ireduce),
+          "allgather": (allgather, iallgather), "reduce_scatter": (reduce_scatter, ireduce_scatter)}
 _RedOp = dist.ReduceOp.RedOpType
 _OPS = {_RedOp.SUM: MPI.SUM, _RedOp.AVG: "avg", _RedOp.PRODUCT: MPI.PROD, _RedOp.MIN: MPI.MIN, _RedOp.MAX: MPI.MAX,
         _RedOp.BAND: MPI.BAND, _RedOp.BOR: MPI.BOR, _RedOp.BXOR: MPI.BXOR}
@@ -58,7 +64,7 @@ class ProcessGroup(dist.ProcessGroup):
         if factor is not None:
             for t in tensors:
                 t.mul_(factor)
-        return Work([iallreduce(MPI.IN_PLACE, t, op, comm=self.comm) for t in tensors], tensors)
+        return Work([_run(opts, "allreduce", MPI.IN_PLACE, _array(t), op, comm=self.comm) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors, opts=None) -> Work:
         return self.allreduce(tensors, opts)
@@ -66,7 +72,7 @@ class ProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None) -> Work:
         root = 0 if opts is None else opts.rootRank
         self._contiguous("broadcast", tensors)
-        return Work([ibroadcast(t, root, comm=self.comm) for t in tensors], tensors)
+        return Work([_run(opts, "broadcast", _array(t), root, comm=self.comm) for t in tensors], tensors)
 
     def reduce(self, tensors, opts=None) -> Work:
         op, factor = self._op("reduce", opts, tensors)
@@ -74,9 +80,9 @@ class ProcessGroup(dist.ProcessGroup):
         if self.comm.Get_rank() == root:
             for t in tensors if factor is not None else ():
                 t.mul_(factor)
-            requests = [ireduce(MPI.IN_PLACE, t, op, root, comm=self.comm) for t in tensors]
+            requests = [_run(opts, "reduce", MPI.IN_PLACE, _array(t), op, root, comm=self.comm) for t in tensors]
         else:
-            requests = [ireduce(_scaled(t, factor), None, op, root, comm=self.comm) for t in tensors]
+            requests = [_run(opts, "reduce", _array(_scaled(t, factor)), None, op, root, comm=self.comm) for t in tensors]
         return Work(requests, tensors)
 
     def allgather(self, output_lists, inputs, opts=None) -> Work:
@@ -85,7 +91,7 @@ class ProcessGroup(dist.ProcessGroup):
         for outputs, tensor in zip(output_lists, inputs):
             counts = [t.numel() for t in outputs]
             packed = tensor.new_empty(sum(counts))
-            requests.append(iallgather(tensor.reshape(-1), packed, counts, comm=self.comm))
+            requests.append(_run(opts, "allgather", _array(tensor), _array(packed), counts, comm=self.comm))
             copies.append((outputs, packed, counts))
         return Work(requests, output_lists, lambda: [_unpack(*copy) for copy in copies])
 
@@ -99,8 +105,8 @@ class ProcessGroup(dist.ProcessGroup):
         self._contiguous("all_gather_into_tensor", outputs, inputs)
         self._multiple("all_gather_into_tensor", outputs, inputs)
         rank = self.comm.Get_rank()
-        return Work([iallgather(_in_place_at(t, out, rank) or _apart(t, out).reshape(-1), out.reshape(-1), comm=self.comm)
-                     for out, t in zip(outputs, inputs)], outputs)
+        return Work([_run(opts, "allgather", _in_place_at(t, out, rank) or _array(_apart(t, out)),
+                          _array(out), comm=self.comm) for out, t in zip(outputs, inputs)], outputs)
 
     _allgather_base = all_gather_single
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -113,7 +119,7 @@ class ProcessGroup(dist.ProcessGroup):
             if factor is not None:
                 packed.mul_(factor)
             counts = [t.numel() for t in inputs]
-            requests.append(ireduce_scatter(packed, output.reshape(-1), counts, op, comm=self.comm))
+            requests.append(_run(opts, "reduce_scatter", _array(packed), _array(output), counts, op, comm=self.comm))
         return Work(requests, outputs)
 
     def reduce_scatter_single(self, output, tensor, opts=None) -> Work:
@@ -122,8 +128,8 @@ class ProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> Work:
         op, factor = self._op("reduce_scatter_tensor", opts, outputs, inputs)
         self._multiple("reduce_scatter_tensor", outputs, inputs, scattered=True)
-        return Work([ireduce_scatter(_apart(_scaled(t, factor), out).reshape(-1), out.reshape(-1), None, op, comm=self.comm)
-                     for out, t in zip(outputs, inputs)], outputs)
+        return Work([_run(opts, "reduce_scatter", _array(_apart(_scaled(t, factor), out)),
+                          _array(out), None, op, comm=self.comm) for out, t in zip(outputs, inputs)], outputs)
 
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -259,6 +265,46 @@ class _Bytes:
     def back(self) -> None:
         if self.host is not self.tensor and self.host.data_ptr() != self.tensor.data_ptr():
             self.tensor.copy_(self.host)
+
+
+def _run(opts, name: str, *arguments, **options):
+    """ringtree's collective `name`: blocking where torch waits for it at once, returning None; else
+    started, returning its request."""
+    if opts is not None and not opts.asyncOp:
+        _CALLS[name][0](*arguments, **options)
+        return None
+    return _CALLS[name][1](*arguments, **options)
+
+
+def _array(tensor):
+    """A CPU tensor as a flat numpy array on its memory, the same array for the same tensor while it
+    keeps its memory and shape (so that ringtree's calls repeated on it run bound to it, as on the
+    same numpy arrays: again.AGAIN); ringtree's own conversion of any buffer, through DLPack, costs
+    some 10 µs a call more. A CUDA tensor, or one of a dtype numpy lacks, as it is."""
+    key = id(tensor)
+    kept = _VIEWS.get(key)
+    if kept is not None and kept[0]() is tensor and kept[1] == tensor.data_ptr() and kept[2].size == tensor.numel():
+        return kept[2]
+    if tensor.device.type != "cpu" or tensor.is_conj() or tensor.is_neg():
+        return tensor
+    try:
+        if tensor.dtype is torch.bfloat16:
+            import ml_dtypes
+
+            array = tensor.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16).reshape(-1)
+        else:
+            array = tensor.detach().numpy().reshape(-1)
+    except (TypeError, ImportError):  # ringtree's conversion says what is wrong
+        return tensor
+    if len(_VIEWS) >= _MAX_VIEWS:
+        _VIEWS.clear()
+    _VIEWS[key] = (weakref.ref(tensor, lambda ref: _VIEWS.get(key, (None,))[0] is ref and _VIEWS.pop(key)),
+                   tensor.data_ptr(), array)
+    return array
+
+
+_VIEWS: dict = {}  # id(tensor) -> (a weak reference to it, its data_ptr, its array)
+_MAX_VIEWS = 1024
 
 
 def _in_place_at(tensor, output, rank: int):

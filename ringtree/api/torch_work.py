@@ -4,10 +4,14 @@ returns, and what DDP and the functional collectives wait on from C++.
 A work holds the requests of its call (ringtree's own, or MPI's own wrapped in request.MPIOwn) and
 what is left to do once they are done (copies out of a packed buffer). `wait()` waits for them as
 any ringtree wait does. `get_future()` hands out a torch Future that completes without anyone
-calling into ringtree: C++ code (DDP's reducer) waits on it with no Python running, so from then
-on the progress thread (runtime/progress.py) waits for the work, as it does for a Communicator's
-MPI requests, and sets the Future's result, or its exception. The thread takes a work only when
-no other thread is waiting on it.
+calling into ringtree, for C++ code (DDP's reducer) waits on it with no Python running:
+- a work on host tensors is waited for at once, in the calling thread: on the CPU the ranks have
+  a core each, which the backward pass needs; a thread spinning beside it cost DDP more than the
+  overlap gave (docs/training.md);
+- a work on CUDA tensors goes to the progress thread (runtime/progress.py), which waits for it as
+  it does for a Communicator's MPI requests, while the calling thread goes on queueing the GPU's
+  work. The thread takes a work only when no other thread is waiting on it.
+Either sets the Future's result, or its exception.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ class Work(dist._Work):
     """The work of one call: `wait()`, `is_completed()`, `get_future()` (its value: `result`)."""
 
     def __init__(self, requests: list, result, then=None) -> None:
+        """`requests`: what to wait for (None: a part done already)."""
         super().__init__()
-        self._requests, self._result, self._then = requests, result, then
+        self._requests = [request for request in requests if request is not None]
+        self._result, self._then = result, then
         self._lock = threading.Lock()
         self._completed = False
         self._failure: BaseException | None = None
@@ -37,7 +43,8 @@ class Work(dist._Work):
     def wait(self, timeout=None) -> bool:  # noqa: ARG002 (ringtree's own timeouts apply: docs/training.md)
         with self._lock:
             self._finish(by_owner=True)
-        progress.forget(self)
+        if self._future is not None:
+            progress.forget(self)
         if self._failure is not None:
             raise self._failure
         return True
@@ -70,8 +77,10 @@ class Work(dist._Work):
                 self._future = torch.futures.Future()
                 if self._completed:
                     self._settle()
-                else:
+                elif _on_gpu(self._result):
                     progress.watch(self)
+                else:
+                    self._finish(by_owner=True)  # which settles it
         return self._future
 
     def advance(self) -> bool:
@@ -107,6 +116,13 @@ class Work(dist._Work):
             self._future.set_exception(self._failure)
         else:
             self._future.set_result(self._result)
+
+
+def _on_gpu(result) -> bool:
+    """Whether the first tensor of `result` (a tensor, or lists of them) is on a GPU."""
+    while isinstance(result, (list, tuple)) and result:
+        result = result[0]
+    return isinstance(result, torch.Tensor) and result.device.type != "cpu"
 
 
 def done(result) -> Work:
