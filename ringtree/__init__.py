@@ -1,8 +1,8 @@
-"""ringtree: ring, tree and three more allreduce algorithms, and reduce-scatter, allgather, broadcast
-and reduce, for mpi4py programs, on numpy and CuPy buffers.
+"""ringtree: ring, tree and three more allreduce algorithms, and reduce-scatter, allgather, broadcast,
+reduce and alltoall, for mpi4py programs, on numpy and CuPy buffers.
 
     from ringtree.allreduce import allreduce, iallreduce
-    from ringtree import reduce_scatter, allgather, broadcast, reduce
+    from ringtree import reduce_scatter, allgather, broadcast, reduce, alltoall
     import ringtree; comm = ringtree.Communicator(MPI.COMM_WORLD)
     bucketer = ringtree.GradientBucketer(gradients)   # fused, overlapped, for training
 
@@ -25,9 +25,12 @@ from .api.buckets import GradientBucketer
 from .api.collectives import (
     allgather,
     allgather_init,
+    alltoall,
+    alltoall_init,
     broadcast,
     broadcast_init,
     iallgather,
+    ialltoall,
     ibroadcast,
     ireduce,
     ireduce_scatter,
@@ -44,5 +47,5 @@ from .version import __version__
 
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "ireduce_scatter", "reduce_scatter_init",
            "allgather", "iallgather", "allgather_init", "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce",
-           "reduce_init", "Request", "PersistentRequest", "Communicator",
+           "reduce_init", "alltoall", "ialltoall", "alltoall_init", "Request", "PersistentRequest", "Communicator",
            "GradientBucketer", "MismatchError", "PeerFailure", "TimeoutError", "SettingError", "__version__"]

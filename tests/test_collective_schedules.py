@@ -175,3 +175,48 @@ def test_reduce_traffic(nranks):
             gathered = 0 if position == 0 else subtree_size(positions, position) * chunk
             assert sent[rank] == count - chunk + gathered
     assert received[root] == count - chunk + (count - chunk) + (count if positions < nranks else 0)
+
+
+ALLTOALL = sorted(GENERATORS["alltoall"])
+
+
+@pytest.mark.parametrize("algorithm", ALLTOALL)
+@pytest.mark.parametrize("nranks", range(1, 17))
+def test_every_alltoall_generator_computes_alltoall_on_1_to_16_ranks(algorithm, nranks):
+    for block in (0, 1, 3, 13):
+        collective = Collective("alltoall", (block,) * nranks)
+        for segment in (0, 1, 4):
+            verify(algorithm, nranks, block * nranks, segment=segment, collective=collective)
+        verify(algorithm, nranks, block * nranks, staged=True, collective=collective)
+        for s in allreduce_schedules(algorithm, nranks, block * nranks, collective=collective):
+            assert all(op.dst is None or op.dst.buffer != INPUT for op in s.ops)
+
+
+def test_alltoall_blocks_must_be_alike():
+    with pytest.raises(ValueError, match="must be alike"):
+        Collective("alltoall", (2, 3)).check(2, 5)
+
+
+@pytest.mark.parametrize("algorithm", ALLTOALL)
+def test_verifier_catches_an_alltoall_block_put_in_the_wrong_place(algorithm):
+    collective = Collective("alltoall", (2,) * 4)
+
+    def misplace(ops):  # the last write of the output lands one block too far on
+        i = max(i for i, op in enumerate(ops) if op.dst is not None and op.dst.buffer == "output")
+        dst = ops[i].dst
+        ops[i] = ops[i]._replace(dst=dst._replace(offset=(dst.offset + 2) % 8))
+        return ops
+    with pytest.raises(ScheduleError, match=r"rank 1: output\[\d\] holds"):
+        verify_schedules(_planted(algorithm, 4, 8, collective, 1, misplace))
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8, 13])
+def test_alltoall_traffic(nranks):
+    """Pairwise sends each block but its own once: (N-1)/N of the data; Bruck sends, in each round,
+    the blocks whose position has that round's bit: a block goes as often as its position has bits."""
+    block = 100
+    count = block * nranks
+    share = (nranks - 1) * block
+    assert _traffic("alltoall", "pairwise", nranks, count) == ((share,) * nranks, (share,) * nranks)
+    moved = sum(bin(position).count("1") for position in range(nranks)) * block
+    assert _traffic("alltoall", "bruck", nranks, count) == ((moved,) * nranks, (moved,) * nranks)

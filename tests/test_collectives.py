@@ -20,7 +20,7 @@ from ringtree.runtime.native import reduces
 pytestmark = pytest.mark.mpi
 
 ALGORITHMS = {name: ["auto", *sorted(GENERATORS[name])] for name in ("reduce_scatter", "allgather", "broadcast",
-                                                                      "reduce")}
+                                                                      "reduce", "alltoall")}
 TYPECODES = "?bBhHiIlLqQefdgFDG"
 OPS = [MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN, MPI.LAND, MPI.LOR, MPI.LXOR, MPI.BAND, MPI.BOR, MPI.BXOR, "avg"]
 SEGMENT = 64  # bytes: a call of more than 8 float64 is pipelined
@@ -148,6 +148,11 @@ def failures_on(comm, name, algorithm, segment, made, host) -> list[str]:
                 expected = x.copy()
                 comm.Bcast(expected, root)
                 cases.append((ringtree.broadcast(made(x), root, **options), expected))
+        elif name == "alltoall":  # blocks alike: counts[0] elements each
+            every = ((np.arange(n * counts[0]) + 7 * rank) % 11 - 5).astype(dtype)
+            expected = np.empty_like(every)
+            comm.Alltoall(every, expected)
+            cases = [(ringtree.alltoall(made(every), **options), expected)]
         else:
             cases = []
             for root in range(n):

@@ -111,6 +111,10 @@ def _one_call_against_mpi_s_own(comm, name, algorithm, count, segment) -> list[s
         expected = x.copy()
         comm.Bcast(expected, root)
         got = ringtree.broadcast(x.copy(), root, **options)
+    elif name == "alltoall":
+        expected = np.empty(block * comm.size, np.int32)
+        comm.Alltoall(x[:block * comm.size], expected)
+        got = ringtree.alltoall(x[:block * comm.size], **options)
     else:
         expected = np.empty_like(x) if comm.rank == root else None
         comm.Reduce(x, expected, MPI.SUM, root)

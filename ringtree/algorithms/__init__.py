@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .allgather import bruck_allgather, recursive_doubling_allgather, ring_allgather
+from .alltoall import bruck_alltoall, pairwise_alltoall
 from .broadcast import binomial_broadcast, chain_broadcast, scatter_allgather_broadcast
 from .double_tree import double_tree_allreduce
 from .hierarchical import hierarchical_allreduce
@@ -89,6 +90,10 @@ REGISTRY: dict[str, dict[str, Algorithm]] = {
     "reduce": _entries(
         Algorithm("binomial", binomial_reduce),
         Algorithm("rabenseifner", rabenseifner_reduce),
+    ),
+    "alltoall": _entries(
+        Algorithm("pairwise", pairwise_alltoall),
+        Algorithm("bruck", bruck_alltoall),
     ),
 }
 COLLECTIVES = tuple(REGISTRY)

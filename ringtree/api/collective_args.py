@@ -1,5 +1,5 @@
 """The arguments of every collective's call, checked on the calling rank before any message is sent, by
-mpi4py's rules for Allreduce, Reduce_scatter, Allgatherv, Bcast and Reduce: bad input raises TypeError or
+mpi4py's rules for Allreduce, Reduce_scatter, Allgatherv, Bcast, Reduce and Alltoall: bad input raises TypeError or
 ValueError naming the rank and leaves the buffers untouched."""
 
 from __future__ import annotations
@@ -173,8 +173,27 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
                     _context(recvbuf if recvbuf is not None else sendbuf))
 
 
+def _alltoall(rank, size, sendbuf, recvbuf) -> Prepared:
+    inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
+    if inplace and recvbuf is None:
+        raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
+    name = "recvbuf" if inplace else "sendbuf"
+    source = _array(recvbuf if inplace else sendbuf, name, writable=inplace)
+    backend = _backend(source, name, None)
+    counts = _counts(None, size, source.size, name)
+    if inplace:  # blocks are written where others are still to be read: the input is read from a copy
+        target, result, source = source, recvbuf, source.copy()
+    elif recvbuf is None:
+        result = _new(sendbuf, backend, np.shape(sendbuf) if _shaped(sendbuf) else (source.size,), source.dtype)
+        target = _flat_of(result)
+    else:
+        target, result = _receiving(recvbuf, source, backend, None, source.size, "every rank's block"), recvbuf
+    return Prepared(Collective("alltoall", counts), source.size, source, target, False, backend, None, result, None,
+                    _context(recvbuf if recvbuf is not None else sendbuf))
+
+
 _CHECKS = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather, "broadcast": _broadcast,
-           "reduce": _reduce}
+           "reduce": _reduce, "alltoall": _alltoall}
 
 
 def _array(spec, name: str, *, writable: bool):

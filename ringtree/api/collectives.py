@@ -1,6 +1,6 @@
-"""The other collectives: `reduce_scatter`, `allgather`, `broadcast` and `reduce`, and their
-nonblocking forms, in the style of `allreduce` (and of mpi4py's Reduce_scatter, Allgatherv, Bcast
-and Reduce).
+"""The other collectives: `reduce_scatter`, `allgather`, `broadcast`, `reduce` and `alltoall`, and
+their nonblocking and persistent forms, in the style of `allreduce` (and of mpi4py's Reduce_scatter,
+Allgatherv, Bcast, Reduce and Alltoall).
 
 Each is a line over the one path of every collective (call_path.py), after a look for its run bound
 to the same small arrays (again.AGAIN), as allreduce's: the same checks, plans, engine, mismatch
@@ -24,7 +24,8 @@ from .persistent import PersistentRequest
 from .request import Request
 
 __all__ = ["reduce_scatter", "ireduce_scatter", "reduce_scatter_init", "allgather", "iallgather", "allgather_init",
-           "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce", "reduce_init"]
+           "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce", "reduce_init", "alltoall", "ialltoall",
+           "alltoall_init"]
 
 _OPTIONS = """`algorithm` is "auto" or one of ringtree.algorithms.GENERATORS[collective]; `segment`
     (bytes) overrides the pipeline's segment size; `check` and `timeout` are as for allreduce."""
@@ -124,6 +125,28 @@ def ireduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="
     return run("reduce", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
 
 
+def alltoall(sendbuf, recvbuf=None, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None):
+    """Rank r's `sendbuf` is N equal blocks, block d for rank d; rank d gets them in `recvbuf` (a new
+    array when None), block r from rank r, and it is returned. With sendbuf MPI.IN_PLACE, recvbuf
+    holds the input and gets the result."""
+    again = AGAIN["alltoall"].get(id(recvbuf))
+    if (again is not None and segment is check is timeout is None
+            and again.ran(sendbuf, None, None, comm, algorithm) is not MISSED):
+        return recvbuf
+    return run("alltoall", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf)
+
+
+def ialltoall(sendbuf, recvbuf=None, *, comm=None, algorithm="auto", segment=None, check=None,
+              timeout=None) -> Request:
+    """Start an alltoall and return its Request (wait() returns recvbuf)."""
+    again = AGAIN["ialltoall"].get(id(recvbuf))
+    if again is not None and segment is check is timeout is None:
+        request = again.ran(sendbuf, None, None, comm, algorithm)
+        if request is not MISSED:
+            return request
+    return run("alltoall", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf)
+
+
 def reduce_scatter_init(sendbuf, recvbuf, counts=None, op=MPI.SUM, *, comm=None, algorithm="auto", check=None,
                         timeout=None) -> PersistentRequest:
     """A persistent reduce_scatter of these buffers (as allreduce_init is of allreduce)."""
@@ -147,7 +170,12 @@ def reduce_init(sendbuf, recvbuf, op=MPI.SUM, root=0, *, comm=None, algorithm="a
     return _persistent("reduce", comm, algorithm, check, timeout, sendbuf, recvbuf, op, root)
 
 
-for _function in (reduce_scatter, allgather, broadcast, reduce):
+def alltoall_init(sendbuf, recvbuf, *, comm=None, algorithm="auto", check=None, timeout=None) -> PersistentRequest:
+    """A persistent alltoall of these buffers."""
+    return _persistent("alltoall", comm, algorithm, check, timeout, sendbuf, recvbuf)
+
+
+for _function in (reduce_scatter, allgather, broadcast, reduce, alltoall):
     _function.__doc__ += "\n    " + _OPTIONS + "\n"
 
 
@@ -156,7 +184,8 @@ def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRe
     comm = MPI.COMM_WORLD if comm is None else comm
     with refusing(comm):
         call = checked_call(name, comm, algorithm, None, check, *buffers)
-        needs = name in ("reduce_scatter", "allgather") or (name == "reduce" and comm.Get_rank() == call.collective.root)
+        needs = name in ("reduce_scatter", "allgather", "alltoall") or (
+            name == "reduce" and comm.Get_rank() == call.collective.root)
         if needs and buffers[1] is None:
             raise ValueError(f"ringtree {name}_init on rank {comm.Get_rank()}: a persistent {name} needs recvbuf: "
                              "the result goes there at every Wait")

@@ -1,5 +1,5 @@
 """`Communicator`: an mpi4py intracommunicator whose Allreduce, Reduce_scatter_block, Reduce_scatter,
-Allgather, Allgatherv, Bcast and Reduce (and their I… and …_init forms) run on ringtree."""
+Allgather, Allgatherv, Bcast, Reduce and Alltoall (and their I… and …_init forms) run on ringtree."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ __all__ = ["Communicator"]
 # ringtree's function of each form of each collective
 _FORMS = {name: {"blocking": getattr(collectives, name), "nonblocking": getattr(collectives, "i" + name),
                  "persistent": getattr(collectives, name + "_init")}
-          for name in ("reduce_scatter", "allgather", "broadcast", "reduce")}
+          for name in ("reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")}
 
 
 class Communicator(MPI.Intracomm):
     """An `MPI.Intracomm` (the same communicator, not a copy) whose allreduces, reduce-scatters,
-    allgathers, broadcasts and reduces run on ringtree.
+    allgathers, broadcasts, reduces and alltoalls run on ringtree (Alltoallv and the rest: mpi4py's).
 
     Usable wherever mpi4py takes a communicator; every other method is mpi4py's own, and the
     communicators that Dup, Clone, Split, Create, Create_group and Split_type make are wrapped
@@ -128,6 +128,15 @@ class Communicator(MPI.Intracomm):
     def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root=0, info=MPI.INFO_NULL, *,
                     algorithm="auto") -> PersistentRequest:
         return self._call("persistent", "Reduce", algorithm, sendbuf, recvbuf, op, root)
+
+    def Alltoall(self, sendbuf, recvbuf, *, algorithm="auto") -> None:
+        self._call("blocking", "Alltoall", algorithm, sendbuf, recvbuf)
+
+    def Ialltoall(self, sendbuf, recvbuf, *, algorithm="auto") -> MPIRequest | Request:
+        return self._call("nonblocking", "Alltoall", algorithm, sendbuf, recvbuf)
+
+    def Alltoall_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
+        return self._call("persistent", "Alltoall", algorithm, sendbuf, recvbuf)
 
     def _call(self, form: str, method: str, algorithm: str, *arguments):
         """mpi4py's `method` on ringtree, or MPI's own where ringtree does not compute it, in `form`:

@@ -1,5 +1,5 @@
-"""mpi4py's Reduce_scatter_block, Reduce_scatter, Allgather, Allgatherv, Bcast and Reduce, as calls of
-ringtree's reduce_scatter, allgather, broadcast and reduce; or, where ringtree does not compute the
+"""mpi4py's Reduce_scatter_block, Reduce_scatter, Allgather, Allgatherv, Bcast, Reduce and Alltoall, as
+calls of ringtree's reduce_scatter, allgather, broadcast, reduce and alltoall; or, where ringtree does not compute the
 call (a user-defined op, MAXLOC, a derived datatype, displacements with gaps, counts in a block buffer
 specification), MPI's own, nonblocking, waited for while ringtree's collectives in flight progress."""
 
@@ -91,8 +91,22 @@ def _reduce(comm, sendbuf, recvbuf, op, root) -> Translated:
     return Translated(None, (), why) if why else Translated("reduce", (sendbuf, recvbuf, op, root))
 
 
+def _alltoall(comm, sendbuf, recvbuf) -> Translated:
+    why = passes_through(None, sendbuf, recvbuf) or _counted(sendbuf, recvbuf)
+    if why:
+        return Translated(None, (), why)
+    if sendbuf is MPI.IN_PLACE or sendbuf is None:
+        return Translated("alltoall", (MPI.IN_PLACE, recvbuf))
+    total = as_array(recvbuf, "recvbuf", writable=True).size
+    given = as_array(sendbuf, "sendbuf", writable=False).size
+    if total != given:
+        raise ValueError(f"recvbuf has {total} elements, not sendbuf's {given}")
+    return Translated("alltoall", (sendbuf, recvbuf))
+
+
 _TRANSLATIONS = {"Reduce_scatter_block": _reduce_scatter_block, "Reduce_scatter": _reduce_scatter,
-                 "Allgather": _allgather, "Allgatherv": _allgatherv, "Bcast": _bcast, "Reduce": _reduce}
+                 "Allgather": _allgather, "Allgatherv": _allgatherv, "Bcast": _bcast, "Reduce": _reduce,
+                 "Alltoall": _alltoall}
 
 
 def _counted(*specs) -> str:

@@ -1,6 +1,6 @@
 """`python -m ringtree bench`: a collective's bandwidth against the MPI library's own, in one run:
-allreduce, or with --collective reduce_scatter, allgather, broadcast or reduce (against MPI's
-Reduce_scatter_block, Allgather, Bcast and Reduce).
+allreduce, or with --collective reduce_scatter, allgather, broadcast, reduce or alltoall (against MPI's
+Reduce_scatter_block, Allgather, Bcast, Reduce and Alltoall).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm makes one call from the input, whose result is checked
@@ -22,8 +22,9 @@ ringtree does: copy to host memory, the MPI library's Allreduce there, copy
 back; `native` hands MPI the device memory, which only a CUDA-aware MPI takes.
 
 With nccl-tests' conventions for the other collectives: the size is every block together (what a
-reduce-scatter sends, what an allgather receives; a whole number of elements per rank); busbw is
-algbw × (n-1)/n for allgather and reduce-scatter and algbw for broadcast and reduce.
+reduce-scatter sends, what an allgather receives, what an alltoall sends; a whole number of elements
+per rank); busbw is algbw × (n-1)/n for allgather, reduce-scatter and alltoall and algbw for
+broadcast and reduce.
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ def _buffers(comm, name, count, dtype, op, cupy: bool):
     block = count // comm.Get_size()
     send, out = {"allreduce": (data, data.copy()), "reduce_scatter": (data, np.empty(block, dtype)),
                  "allgather": (data[:block].copy(), np.empty(count, dtype)), "broadcast": (None, data),
-                 "reduce": (data, np.empty(count, dtype))}[name]
+                 "reduce": (data, np.empty(count, dtype)), "alltoall": (data, np.empty(count, dtype))}[name]
     if expected is None:
         original = out.copy()
         _call(comm, name, NATIVE, send, out, op, None)()
@@ -250,9 +251,10 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
                   "reduce_scatter": lambda: comm.Reduce_scatter_block(send, out, mpi_op),
                   "allgather": lambda: comm.Allgather(send, out),
                   "broadcast": lambda: comm.Bcast(out, 0),
-                  "reduce": lambda: comm.Reduce(send, out, mpi_op, 0)}[name]
+                  "reduce": lambda: comm.Reduce(send, out, mpi_op, 0),
+                  "alltoall": lambda: comm.Alltoall(send, out)}[name]
         call = native
-        if op is ReduceOp.AVG and name != "allgather" and name != "broadcast":
+        if op is ReduceOp.AVG and name in ("allreduce", "reduce_scatter", "reduce"):
             def call():
                 native()
                 if name != "reduce" or comm.Get_rank() == 0:
@@ -263,7 +265,8 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
                 "reduce_scatter": lambda: collectives.reduce_scatter(send, out, None, op, **options),
                 "allgather": lambda: collectives.allgather(send, out, **options),
                 "broadcast": lambda: collectives.broadcast(out, 0, **options),
-                "reduce": lambda: collectives.reduce(send, out, op, 0, **options)}[name]
+                "reduce": lambda: collectives.reduce(send, out, op, 0, **options),
+                "alltoall": lambda: collectives.alltoall(send, out, **options)}[name]
     if not cupy:
         return call
     import cupy as cp

@@ -21,7 +21,7 @@ has rules for this rank count: each algorithm runs with the table's segment
 size for it, the rules for sizes above the grid point below -b up to -e are
 replaced, and the table's rules for smaller and larger sizes stay.
 
-With --collective reduce_scatter, allgather, broadcast or reduce it tunes that
+With --collective reduce_scatter, allgather, broadcast, reduce or alltoall it tunes that
 collective instead, into the same file, the same way (its size is every block
 together; a size rounds down to a whole number of elements per rank), with
 rules by size alone for this rank count: those of the fastest case, MPI's own

@@ -110,6 +110,9 @@ def _persistent(collective: Collective, comm, count: int, dtype: np.dtype, op, r
         buffer = np.empty(count * dtype.itemsize, np.uint8)
         sizes = [c * dtype.itemsize for c in counts]
         return buffer, buffer, comm.Allgatherv_init(MPI.IN_PLACE, [buffer, sizes, None, MPI.BYTE])
+    if name == "alltoall":
+        buffer, received = np.empty(count * dtype.itemsize, np.uint8), np.empty(count * dtype.itemsize, np.uint8)
+        return buffer, received, comm.Alltoall_init([buffer, MPI.BYTE], [received, MPI.BYTE])
     buffer = np.empty(count, dtype)
     if name == "reduce_scatter":
         received = np.empty(counts[rank], dtype)
@@ -353,6 +356,8 @@ def native_start(call, op):
     whole, mine = _typed(target), _typed(source)
     if name == "broadcast":
         return lambda comm: comm.Ibcast(whole, root)
+    if name == "alltoall":
+        return lambda comm: comm.Ialltoall(mine, whole)
     sendbuf = MPI.IN_PLACE if call.inplace else mine
     if len(set(counts)) == 1:
         return lambda comm: comm.Iallgather(sendbuf, whole)

@@ -75,7 +75,7 @@ class Op(NamedTuple):
         return f"copy {self.dst} <- {self.src}"
 
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
 
 
 class Collective(NamedTuple):
@@ -86,20 +86,23 @@ class Collective(NamedTuple):
     allgather       every rank's OUTPUT: every rank's INPUT, block r from rank r
     broadcast       every rank's OUTPUT: the root's OUTPUT as it was (there is no INPUT)
     reduce          the root's OUTPUT: the total (the others have no OUTPUT)
+    alltoall        rank r's OUTPUT: block r of every rank's INPUT, block s from rank s
 
-    Blocks lie in rank order, block r of `counts[r]` elements.
+    Blocks lie in rank order, block r of `counts[r]` elements (an alltoall's blocks are all alike).
     """
 
     name: str = "allreduce"
-    counts: tuple[int, ...] = ()  # elements of each rank's block: reduce_scatter and allgather
+    counts: tuple[int, ...] = ()  # elements of each rank's block: reduce_scatter, allgather and alltoall
     root: int = 0  # broadcast and reduce
 
     def check(self, nranks: int, count: int) -> None:
         if self.name not in COLLECTIVES:
             raise ValueError(f"unknown collective {self.name!r}; known: {', '.join(COLLECTIVES)}")
-        blocks = self.name in ("reduce_scatter", "allgather")
+        blocks = self.name in ("reduce_scatter", "allgather", "alltoall")
         if blocks and (len(self.counts) != nranks or sum(self.counts) != count or min(self.counts, default=0) < 0):
             raise ValueError(f"{self.name}: counts {self.counts} must be {nranks} counts >= 0 adding up to {count}")
+        if self.name == "alltoall" and len(set(self.counts)) > 1:
+            raise ValueError(f"alltoall: counts {self.counts} must be alike: every block is the same size")
         if not 0 <= self.root < nranks:
             raise ValueError(f"{self.name}: root {self.root} is not a rank of {nranks}")
 
@@ -114,6 +117,8 @@ class Collective(NamedTuple):
             return count, self.counts[rank], None
         if self.name == "allgather":
             return self.counts[rank], count, self.displacement(rank)
+        if self.name == "alltoall":  # in place by way of a copy of the input (collective_args.py)
+            return count, count, None
         if self.name == "broadcast":
             return 0, count, None
         if self.name == "reduce" and rank != self.root:

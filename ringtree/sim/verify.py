@@ -313,6 +313,11 @@ def _promised(schedule: Schedule) -> np.ndarray:
     if collective.name == "allgather":
         owners = np.repeat(np.arange(nranks), collective.counts)
         expected[np.arange(size), owners] = 1
+    elif collective.name == "alltoall":  # block s: element j of rank s's block for this rank
+        block = collective.counts[0] if collective.counts else 0
+        owners = np.repeat(np.arange(nranks), block)
+        expected[np.arange(size), owners] = 1
+        expected[:, -1] = schedule.rank * block + np.arange(size) % max(block, 1)
     elif collective.name == "broadcast":
         expected[:, collective.root] = 1
     else:
