@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from .algorithms import ALGORITHMS
 
-__all__ = ["Settings", "SettingError", "VARIABLES", "cached", "current", "reload", "read"]
+__all__ = ["Settings", "SettingError", "VARIABLES", "cached", "current", "reload", "read", "torch_rendezvous"]
 
 
 class SettingError(ValueError):
@@ -193,3 +193,10 @@ def reload() -> Settings:
     global _current
     _current = None
     return current()
+
+
+def torch_rendezvous() -> dict[str, str]:
+    """torch.distributed's own variables of an env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK,
+    WORLD_SIZE) that are set, as they are now: read at each rendezvous, not with the settings."""
+    return {name: os.environ[name] for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+            if os.environ.get(name)}

@@ -7,17 +7,22 @@ The inputs are small integers, so that every dtype holds every sum exactly in an
 are compared exactly (gloo's call runs in 64 bits where gloo lacks the dtype); averages, which
 divide, within rounding. Results every rank holds must be bitwise the same on every rank."""
 
+import pathlib
+import textwrap
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import ringtree
-from conftest import assert_everywhere, same_on_all_ranks, torch_groups
+from conftest import assert_everywhere, run_mpiexec, same_on_all_ranks, torch_groups
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ml_dtypes")  # ringtree reduces bfloat16 with it
 
 pytestmark = pytest.mark.mpi
+one_rank_only = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 
 INTEGERS = [torch.int32, torch.int64]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -433,3 +438,77 @@ def test_a_group_of_some_ranks_is_an_mpi_communicator_of_those_ranks(comm, dist)
         if tensor.item() != sum(evens) or list(ranks) != evens or dist.get_backend(group) != "ringtree":
             failures.append(f"sum {tensor.item()}, ranks {ranks}, backend {dist.get_backend(group)}")
     assert_everywhere(comm, failures)
+
+
+RENDEZVOUS = """
+    import os, sys
+    import torch, torch.distributed as dist
+    from mpi4py import MPI
+    import ringtree.torch
+    rank, how = MPI.COMM_WORLD.Get_rank(), sys.argv[1]
+    if how == "wrong rank":
+        try:
+            dist.init_process_group("ringtree", rank=1 - rank, world_size=2)
+        except ValueError as error:
+            print(f"rank {rank}: {error}")
+        sys.exit(0)
+    if how == "torch's env":
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK=str(rank), WORLD_SIZE="2")
+        dist.init_process_group("ringtree")
+    else:
+        dist.init_process_group("ringtree", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=rank, world_size=2)
+    tensor = torch.tensor([rank + 1.0])
+    dist.all_reduce(tensor)
+    print(f"rank {rank}: {dist.get_backend()} sum {tensor.item()}")
+    dist.destroy_process_group()
+"""
+
+
+@one_rank_only
+@pytest.mark.parametrize("how", ["wrong rank", "torch's env", "tcp init_method"])
+def test_a_rank_and_world_size_that_disagree_with_mpi_are_refused_and_torchs_own_rendezvous_are_honoured(how):
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    run = run_mpiexec(2, "-c", textwrap.dedent(RENDEZVOUS), how, str(port), timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in (0, 1):
+        if how == "wrong rank":
+            assert (f"rank {rank}: ringtree: torch was given rank {1 - rank}, but MPI says {rank} (rank {rank} of 2); "
+                    "under mpiexec, leave rank and world_size out") in run.stdout, run.stdout + run.stderr
+        else:
+            assert f"rank {rank}: ringtree sum 3.0" in run.stdout, run.stdout + run.stderr
+
+
+DIES = """
+    import os, pathlib, sys
+    import torch, torch.distributed as dist
+    from mpi4py import MPI
+    import ringtree, ringtree.torch
+    dist.init_process_group("ringtree")
+    rank = dist.get_rank()
+    work = dist.all_reduce(torch.ones(16 << 20), async_op=True)
+    if rank == 1:
+        work.is_completed()
+        os._exit(3)
+    try:
+        work.wait()
+    except ringtree.PeerFailure as error:
+        pathlib.Path(sys.argv[1], f"rank-{rank}.txt").write_text(str(error))  # the job's abort may cut its output
+        raise
+"""
+
+
+@one_rank_only
+@pytest.mark.skipif("MPICH" not in MPI.Get_library_version(), reason="-disable-auto-cleanup is MPICH's launcher's")
+def test_a_rank_that_dies_raises_peer_failure_on_the_survivors_and_the_job_ends(tmp_path):
+    started = time.perf_counter()
+    run = run_mpiexec(3, "-c", textwrap.dedent(DIES), str(tmp_path), options=["-disable-auto-cleanup"], timeout=120)
+    assert run.returncode != 0
+    assert time.perf_counter() - started < 90
+    reports = [path.read_text() for path in sorted(pathlib.Path(tmp_path).glob("rank-*.txt"))]
+    assert reports, run.stdout + run.stderr
+    for report in reports:
+        assert "the MPI failed a message with rank 1" in report, report

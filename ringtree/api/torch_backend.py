@@ -14,13 +14,13 @@ the global ranks for `new_group`), which torch_group.ProcessGroup serves.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 
 import torch.distributed as dist
 from mpi4py import MPI
 
+from ..settings import torch_rendezvous
 from .torch_group import ProcessGroup
 
 __all__ = ["NAME", "register"]
@@ -37,7 +37,8 @@ def register() -> None:
     torch_env = handlers["env"]  # noqa: SLF001 (register_rendezvous_handler refuses a second)
 
     def env_or_mpi(url: str, timeout=dist.constants.default_pg_timeout, **kwargs):
-        if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        given = torch_rendezvous()
+        if "MASTER_ADDR" in given and "MASTER_PORT" in given:
             return torch_env(url, timeout=timeout, **kwargs)
         return _mpi_rendezvous(url, timeout)
 
@@ -49,15 +50,16 @@ def _mpi_rendezvous(url: str, timeout):
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     asked = dict(pair.split("=", 1) for pair in url.partition("?")[2].split("&") if "=" in pair)
+    environment = torch_rendezvous()
     for what, mine in (("rank", rank), ("world_size", size)):
-        given = asked.get(what, os.environ.get(what.upper()))
+        given = asked.get(what, environment.get(what.upper()))
         if given is not None and int(given) != mine:
             raise ValueError(f"ringtree: torch was given {what} {given}, but MPI says {mine} (rank {rank} of "
                              f"{size}); under mpiexec, leave rank and world_size out")
     store, address = None, None
     if rank == 0:
         try:
-            host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+            host = environment.get("MASTER_ADDR") or socket.gethostname()
             store = dist.TCPStore(host, 0, size, True, timeout=timeout, wait_for_workers=False)
             address = (host, store.port)
         except Exception as error:  # any: the other ranks raise it too, rather than wait

@@ -18,8 +18,20 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from ..runtime.in_flight import IN_FLIGHT
 from .allreduce import allreduce, iallreduce
-from .collectives import allgather, broadcast, iallgather, ibroadcast, ireduce, ireduce_scatter, reduce, reduce_scatter
+from .collectives import (
+    allgather,
+    alltoall,
+    broadcast,
+    iallgather,
+    ialltoall,
+    ibroadcast,
+    ireduce,
+    ireduce_scatter,
+    reduce,
+    reduce_scatter,
+)
 from .request import MPIOwn
 from .torch_work import Work
 
@@ -27,7 +39,8 @@ __all__ = ["ProcessGroup"]
 
 # ringtree's collectives: (blocking, nonblocking)
 _CALLS = {"allreduce": (allreduce, iallreduce), "broadcast": (broadcast, ibroadcast), "reduce": (reduce, ireduce),
-          "allgather": (allgather, iallgather), "reduce_scatter": (reduce_scatter, ireduce_scatter)}
+          "allgather": (allgather, iallgather), "reduce_scatter": (reduce_scatter, ireduce_scatter),
+          "alltoall": (alltoall, ialltoall)}
 _RedOp = dist.ReduceOp.RedOpType
 _OPS = {_RedOp.SUM: MPI.SUM, _RedOp.AVG: "avg", _RedOp.PRODUCT: MPI.PROD, _RedOp.MIN: MPI.MIN, _RedOp.MAX: MPI.MAX,
         _RedOp.BAND: MPI.BAND, _RedOp.BOR: MPI.BOR, _RedOp.BXOR: MPI.BXOR}
@@ -141,9 +154,15 @@ class ProcessGroup(dist.ProcessGroup):
         size = self.comm.Get_size()
         send_counts = self._splits("all_to_all_single", tensor, input_splits, size, "input_split_sizes")
         receive_counts = self._splits("all_to_all_single", output, output_splits, size, "output_split_sizes")
+        if output.numel() != tensor.numel() and not (output_splits or input_splits):
+            raise ValueError(f"ringtree all_to_all_single on rank {self.comm.Get_rank()}: the output has "
+                             f"{output.numel()} elements, the input {tensor.numel()}")
+        source, target = _array(tensor), _array(output)
+        if not (output_splits or input_splits or isinstance(source, torch.Tensor) or isinstance(target, torch.Tensor)):
+            # equal splits: ringtree's alltoall; given splits, on every rank alike, go to MPI's Alltoallv
+            return Work([_run(opts, "alltoall", _apart_array(source, target), target, comm=self.comm)], [output])
         send, receive = _Bytes(tensor), _Bytes(output)
-        return Work([self._mpi(lambda: self.comm.Ialltoallv(send.message(send_counts),
-                                                             receive.message(receive_counts)))],
+        return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
                     [output], receive.back)
 
     alltoall_base = all_to_all_single
@@ -152,8 +171,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._contiguous("all_to_all", outputs, inputs)
         send, receive = _Bytes(_packed(inputs)), _Bytes(outputs[0].new_empty(sum(t.numel() for t in outputs)))
         send_counts, receive_counts = [t.numel() for t in inputs], [t.numel() for t in outputs]
-        return Work([self._mpi(lambda: self.comm.Ialltoallv(send.message(send_counts),
-                                                             receive.message(receive_counts)))],
+        return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
                     outputs, lambda: (receive.back(), _unpack(outputs, receive.tensor, receive_counts)))
 
     def gather(self, output_lists, inputs, opts=None) -> Work:
@@ -161,11 +179,11 @@ class ProcessGroup(dist.ProcessGroup):
         self._contiguous("gather", inputs, *output_lists)
         send = _Bytes(inputs[0])
         if rank != root:
-            return Work([self._mpi(lambda: self.comm.Igatherv(send.message(), None, root))], output_lists)
+            return Work([self._mpi(opts, "Igatherv", send.message(), None, root)], output_lists)
         outputs = output_lists[0]
         counts = [t.numel() for t in outputs]
         receive = _Bytes(outputs[0].new_empty(sum(counts)))
-        return Work([self._mpi(lambda: self.comm.Igatherv(send.message(), receive.message(counts), root))],
+        return Work([self._mpi(opts, "Igatherv", send.message(), receive.message(counts), root)],
                     output_lists, lambda: (receive.back(), _unpack(outputs, receive.tensor, counts)))
 
     def scatter(self, outputs, input_lists, opts=None) -> Work:
@@ -173,29 +191,29 @@ class ProcessGroup(dist.ProcessGroup):
         self._contiguous("scatter", outputs, *input_lists)
         receive = _Bytes(outputs[0])
         if rank != root:
-            return Work([self._mpi(lambda: self.comm.Iscatterv(None, receive.message(), root))], outputs, receive.back)
+            return Work([self._mpi(opts, "Iscatterv", None, receive.message(), root)], outputs, receive.back)
         inputs = input_lists[0]
         send = _Bytes(_packed(inputs))
         counts = [t.numel() for t in inputs]
-        return Work([self._mpi(lambda: self.comm.Iscatterv(send.message(counts), receive.message(), root))],
+        return Work([self._mpi(opts, "Iscatterv", send.message(counts), receive.message(), root)],
                     outputs, receive.back)
 
     def send(self, tensors, dst, tag) -> Work:
         self._contiguous("send", tensors)
         data = _Bytes(tensors[0])
-        return Work([self._mpi(lambda: self.comm.Isend(data.message(), dst, tag))], tensors)
+        return Work([self._mpi(None, "Isend", data.message(), dst, tag)], tensors)
 
     def recv(self, tensors, src, tag) -> Work:
         self._contiguous("recv", tensors)
         data = _Bytes(tensors[0])
-        return Work([self._mpi(lambda: self.comm.Irecv(data.message(), src, tag))], tensors, data.back)
+        return Work([self._mpi(None, "Irecv", data.message(), src, tag)], tensors, data.back)
 
     def recv_anysource(self, tensors, tag) -> Work:
         raise NotImplementedError("ringtree's torch backend: recv from any source (dist.recv without src) "
                                   "is not supported; name the source rank")
 
     def barrier(self, opts=None) -> Work:
-        return Work([self._mpi(self.comm.Ibarrier)], None)
+        return Work([self._mpi(opts, "Ibarrier")], None)
 
     # The checks every call makes before it starts anything.
 
@@ -238,8 +256,14 @@ class ProcessGroup(dist.ProcessGroup):
                              f"{size} counts summing to dim 0 of shape {tuple(tensor.shape)}")
         return [s * row for s in splits]
 
-    def _mpi(self, start) -> MPIOwn:
-        return MPIOwn(self.comm, start)
+    def _mpi(self, opts, method: str, *arguments) -> MPIOwn | None:
+        """MPI's nonblocking `method` of the communicator, started; or its blocking form, run (None),
+        where torch waits at once and no collective of ringtree's engine is in flight: one would
+        move only while this process polls, and a peer may wait for it before it enters this call."""
+        if opts is not None and not opts.asyncOp and not IN_FLIGHT.running:
+            getattr(self.comm, method[1].upper() + method[2:])(*arguments)
+            return None
+        return MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments))
 
 
 class _Bytes:
@@ -322,6 +346,11 @@ def _apart(tensor, output):
     overlaps = tensor.numel() and output.numel() and start < out_start + output.numel() * output.element_size() \
         and out_start < end
     return tensor.clone() if overlaps else tensor
+
+
+def _apart_array(source, target):
+    """`source`, or MPI.IN_PLACE where it is `target`'s memory."""
+    return MPI.IN_PLACE if source.ctypes.data == target.ctypes.data and source.size else source
 
 
 def _scaled(tensor, factor):
