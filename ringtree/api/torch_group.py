@@ -1,13 +1,14 @@
 """ringtree as a torch.distributed process group: each collective torch calls runs on ringtree's
-(allreduce, broadcast, reduce, allgather, reduce-scatter and their coalesced forms) or, where
-ringtree has no schedule, on MPI's own nonblocking call over the group's communicator (alltoall,
+schedules (allreduce, broadcast, reduce, allgather, reduce-scatter, their coalesced forms, and an
+alltoall of equal splits), with `auto` choosing among them and MPI's own, or, where ringtree has
+none, on MPI's own nonblocking call over the group's communicator (an alltoall of given splits,
 gather, scatter, barrier, send and recv): never on gloo.
 
 A call torch waits for at once (`async_op=False`: its options' asyncOp) runs ringtree's blocking
 collective, which is quicker for a small one; any other starts the nonblocking one and returns a Work
-(torch_work.py) at once. What MPI moves as it is (alltoall, gather, scatter, send, recv) goes as bytes,
-so that every dtype travels, and a CUDA tensor's through host memory. A tensor must be contiguous,
-as gloo requires; what the backend does not do raises NotImplementedError naming the call.
+(torch_work.py) at once. What MPI moves as it is goes as bytes, so that every dtype travels, and a
+CUDA tensor's through host memory. A tensor must be contiguous, as gloo requires; what the backend
+does not do raises NotImplementedError naming the call.
 """
 
 from __future__ import annotations
@@ -147,20 +148,25 @@ class ProcessGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    # What MPI moves as it is: its own nonblocking calls, as bytes.
+    # Alltoall, gather, scatter, send and recv: data moved as it is, as bytes on MPI's own calls but for
+    # an alltoall of equal splits.
 
     def all_to_all_single(self, output, tensor, output_splits, input_splits, opts=None) -> Work:
         self._contiguous("all_to_all_single", [output, tensor])
         size = self.comm.Get_size()
+        if not (output_splits or input_splits):
+            self._splits("all_to_all_single", tensor, None, size, "input_split_sizes")
+            if output.numel() != tensor.numel():
+                raise ValueError(f"ringtree all_to_all_single on rank {self.comm.Get_rank()}: the output has "
+                                 f"{output.numel()} elements, the input {tensor.numel()}")
+            source, target = _array(tensor), _array(output)
+            if not (isinstance(source, torch.Tensor) or isinstance(target, torch.Tensor)):
+                # ringtree's alltoall; given splits, alike on every rank, go to MPI's Alltoallv
+                same = tensor.numel() and tensor.data_ptr() == output.data_ptr()
+                return Work([_run(opts, "alltoall", MPI.IN_PLACE if same else source, target, comm=self.comm)],
+                            [output])
         send_counts = self._splits("all_to_all_single", tensor, input_splits, size, "input_split_sizes")
         receive_counts = self._splits("all_to_all_single", output, output_splits, size, "output_split_sizes")
-        if output.numel() != tensor.numel() and not (output_splits or input_splits):
-            raise ValueError(f"ringtree all_to_all_single on rank {self.comm.Get_rank()}: the output has "
-                             f"{output.numel()} elements, the input {tensor.numel()}")
-        source, target = _array(tensor), _array(output)
-        if not (output_splits or input_splits or isinstance(source, torch.Tensor) or isinstance(target, torch.Tensor)):
-            # equal splits: ringtree's alltoall; given splits, on every rank alike, go to MPI's Alltoallv
-            return Work([_run(opts, "alltoall", _apart_array(source, target), target, comm=self.comm)], [output])
         send, receive = _Bytes(tensor), _Bytes(output)
         return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
                     [output], receive.back)
@@ -245,7 +251,6 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _splits(self, name: str, tensor, splits, size: int, what: str) -> list[int]:
         """Elements to or from each rank: `splits` are rows of dim 0; none means equal parts."""
-        row = tensor[0].numel() if tensor.dim() and tensor.shape[0] else 0
         if not splits:
             if tensor.dim() == 0 or tensor.shape[0] % size:
                 raise ValueError(f"ringtree {name} on rank {self.comm.Get_rank()}: dim 0 of a tensor of shape "
@@ -254,6 +259,7 @@ class ProcessGroup(dist.ProcessGroup):
         if len(splits) != size or sum(splits) != (tensor.shape[0] if tensor.dim() else 1) or min(splits) < 0:
             raise ValueError(f"ringtree {name} on rank {self.comm.Get_rank()}: {what} {list(splits)} is not "
                              f"{size} counts summing to dim 0 of shape {tuple(tensor.shape)}")
+        row = tensor.numel() // tensor.shape[0] if tensor.dim() and tensor.shape[0] else 0
         return [s * row for s in splits]
 
     def _mpi(self, opts, method: str, *arguments) -> MPIOwn | None:
@@ -346,11 +352,6 @@ def _apart(tensor, output):
     overlaps = tensor.numel() and output.numel() and start < out_start + output.numel() * output.element_size() \
         and out_start < end
     return tensor.clone() if overlaps else tensor
-
-
-def _apart_array(source, target):
-    """`source`, or MPI.IN_PLACE where it is `target`'s memory."""
-    return MPI.IN_PLACE if source.ctypes.data == target.ctypes.data and source.size else source
 
 
 def _scaled(tensor, factor):
