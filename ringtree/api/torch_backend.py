@@ -33,8 +33,10 @@ def register() -> None:
     if NAME in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(NAME, _create_group, extended_api=True, devices=["cpu", "cuda"])
-    handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers  # torch.distributed.rendezvous: a function
-    torch_env = handlers["env"]  # noqa: SLF001 (register_rendezvous_handler refuses a second)
+    # Replaced in torch's table (register_rendezvous_handler refuses a second handler of a scheme); the
+    # module by its name, as torch.distributed.rendezvous is the function.
+    handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+    torch_env = handlers["env"]
 
     def env_or_mpi(url: str, timeout=dist.constants.default_pg_timeout, **kwargs):
         given = torch_rendezvous()

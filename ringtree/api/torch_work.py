@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ..runtime import progress
 from .request import Request
 
-__all__ = ["Work", "done"]
+__all__ = ["Work"]
 
 
 class Work(dist._Work):
@@ -40,7 +40,7 @@ class Work(dist._Work):
         self._failure: BaseException | None = None
         self._future: torch.futures.Future | None = None
 
-    def wait(self, timeout=None) -> bool:  # noqa: ARG002 (ringtree's own timeouts apply: docs/training.md)
+    def wait(self, timeout=None) -> bool:  # noqa: ARG002 (ringtree's own timeouts apply, docs/training.md)
         with self._lock:
             self._finish(by_owner=True)
         if self._future is not None:
@@ -123,8 +123,3 @@ def _on_gpu(result) -> bool:
     while isinstance(result, (list, tuple)) and result:
         result = result[0]
     return isinstance(result, torch.Tensor) and result.device.type != "cpu"
-
-
-def done(result) -> Work:
-    """A work complete already (a call on one rank, a blocking part done)."""
-    return Work([], result)

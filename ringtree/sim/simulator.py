@@ -120,7 +120,10 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
 
 def collective_of(name: str, nranks: int, count: int, root: int = 0) -> Collective:
     """The Collective of a call of `count` elements in all: a reduce-scatter's or allgather's in
-    blocks as even as they go (ValueError for a root out of range)."""
+    blocks as even as they go, an alltoall's alike (ValueError for a root out of range, or an
+    alltoall's count that does not split)."""
+    if name == "alltoall" and nranks and count % nranks:
+        raise ValueError(f"alltoall: {count} elements do not split into {nranks} blocks alike")
     blocks = tuple(size for _, size in even_chunks(count, nranks)) if name in ("reduce_scatter", "allgather", "alltoall") else ()
     shape = Collective(name, blocks, root)
     shape.check(nranks, count)
