@@ -71,16 +71,16 @@ def wrapped(model, args, group, hook: bool):
     return fully_shard(model, mesh=mesh)
 
 
-def train(args: argparse.Namespace, comm: MPI.Comm, group, label: str, show: bool):
-    """Train with DDP or FSDP2 over `group`, an epoch at each next(); the last gives the history and
-    whether every rank holds the same parameters."""
+def train(args: argparse.Namespace, comm: MPI.Comm, group, label: str, show: bool, hook: bool):
+    """Train with DDP or FSDP2 over `group` (with `--hook` where `hook`), an epoch at each next(); the
+    last gives the history and whether every rank holds the same parameters."""
     rank, size = comm.Get_rank(), comm.Get_size()
     x_train, x_test, y_train, y_test = (torch.from_numpy(a) for a in load_digits_split(args.seed))
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(x_train.shape[1], args.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(args.hidden, 10))
-    training = wrapped(model, args, group, hook=label != "gloo")
+    training = wrapped(model, args, group, hook)
     optimizer = torch.optim.SGD(training.parameters(), lr=args.lr, momentum=0.9)
     steps_per_epoch = len(y_train) // args.batch_size
     history = []
@@ -120,11 +120,11 @@ def main() -> None:
     how = f"DDP with ringtree.torch.{HOOKS[args.hook].__name__}" if args.hook else args.wrap.upper()
     if show:
         print(f"{how} on {comm.Get_size()} ranks, torch.distributed on {args.backend}", flush=True)
-    runs = [train(args, comm, dist.group.WORLD, args.backend, show)]
+    runs = [train(args, comm, dist.group.WORLD, args.backend, show, hook=True)]
     if not args.no_compare and args.backend != "gloo":
         if show:
             print("and the same steps on gloo, an epoch of each in turn", flush=True)
-        runs.append(train(args, comm, dist.new_group(backend="gloo"), "gloo", show))
+        runs.append(train(args, comm, dist.new_group(backend="gloo"), "gloo", show, hook=False))
     for _ in range(args.epochs):
         results = [next(run) for run in runs]
     ours = results[0]

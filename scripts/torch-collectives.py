@@ -30,21 +30,25 @@ def cases(name: str, count: int, comm, groups: dict) -> dict:
     size, rank = comm.Get_size(), comm.Get_rank()
     count -= count % size
     data = torch.arange(count, dtype=torch.float32) % 7 + rank
-    whole = torch.empty(count if name != "all_gather_single" else count, dtype=torch.float32)
+    whole = torch.empty(count, dtype=torch.float32)
     part = torch.empty(count // size, dtype=torch.float32)
     if name == "all_to_all_single":
         out, mpi = torch.empty_like(data), lambda: comm.Alltoall(data.numpy(), whole.numpy())
-        torch_call, result = (lambda g: dist.all_to_all_single(out, data, group=g)), out
+        function, arguments = dist.all_to_all_single, (out, data)
     elif name == "all_reduce":
         out, mpi = data.clone(), lambda: comm.Allreduce(data.numpy(), whole.numpy())
-        torch_call, result = (lambda g: dist.all_reduce(out, group=g)), out  # sums of sums: checked once, first
+        function, arguments = dist.all_reduce, (out,)  # sums of sums: checked once, first
     elif name == "all_gather_single":
         mine = data[:count // size].clone()
         out, mpi = torch.empty(count), lambda: comm.Allgather(mine.numpy(), whole.numpy())
-        torch_call, result = (lambda g: dist.all_gather_single(out, mine, group=g)), out
+        function, arguments = dist.all_gather_single, (out, mine)
     else:
         out, mpi = part.clone(), lambda: comm.Reduce_scatter_block(data.numpy(), part.numpy())
-        torch_call, result = (lambda g: dist.reduce_scatter_single(out, data, group=g)), out
+        function, arguments = dist.reduce_scatter_single, (out, data)
+
+    def torch_call(group):
+        function(*arguments, group=group)
+
     mpi()
     expected = (part if name == "reduce_scatter_single" else whole).clone()
     calls = {"MPI": mpi}
@@ -52,7 +56,7 @@ def cases(name: str, count: int, comm, groups: dict) -> dict:
         if name == "all_reduce":
             out.copy_(data)
         torch_call(group)
-        if not torch.equal(result, expected):
+        if not torch.equal(out, expected):
             raise ValueError(f"{name} on {label}, {count} floats, rank {rank}: not MPI's result")
         calls[label] = (lambda g: lambda: torch_call(g))(group)
     if name == "all_reduce":

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from ..runtime.in_flight import IN_FLIGHT
+from ..schedule.ir import blocks
 from .allreduce import allreduce, iallreduce
 from .collectives import (
     allgather,
@@ -266,7 +267,7 @@ class ProcessGroup(dist.ProcessGroup):
         """MPI's nonblocking `method` of the communicator, started; or its blocking form, run (None),
         where torch waits at once and no collective of ringtree's engine is in flight: one would
         move only while this process polls, and a peer may wait for it before it enters this call."""
-        if opts is not None and not opts.asyncOp and not IN_FLIGHT.running:
+        if _waited_at_once(opts) and not IN_FLIGHT.running:
             getattr(self.comm, method[1].upper() + method[2:])(*arguments)
             return None
         return MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments))
@@ -286,21 +287,23 @@ class _Bytes:
         """[memory, MPI.BYTE], or with `counts` (elements per rank) [memory, (bytes, offsets), MPI.BYTE]."""
         if counts is None:
             return [self.memory, MPI.BYTE]
-        sizes = [c * self.item for c in counts]
-        offsets = [0]
-        for s in sizes[:-1]:
-            offsets.append(offsets[-1] + s)
-        return [self.memory, (sizes, offsets), MPI.BYTE]
+        placed = blocks(tuple(c * self.item for c in counts))
+        return [self.memory, ([size for _, size in placed], [offset for offset, _ in placed]), MPI.BYTE]
 
     def back(self) -> None:
-        if self.host is not self.tensor and self.host.data_ptr() != self.tensor.data_ptr():
+        if self.host.data_ptr() != self.tensor.data_ptr():  # a host copy
             self.tensor.copy_(self.host)
+
+
+def _waited_at_once(opts) -> bool:
+    """Whether torch waits for the call as soon as it returns (async_op=False)."""
+    return opts is not None and not opts.asyncOp
 
 
 def _run(opts, name: str, *arguments, **options):
     """ringtree's collective `name`: blocking where torch waits for it at once, returning None; else
     started, returning its request."""
-    if opts is not None and not opts.asyncOp:
+    if _waited_at_once(opts):
         _CALLS[name][0](*arguments, **options)
         return None
     return _CALLS[name][1](*arguments, **options)

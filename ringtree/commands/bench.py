@@ -60,6 +60,7 @@ from .measure import across_ranks, exact_data, exact_inputs, in_pass_order, tabl
 ROUNDTRIP = "roundtrip"
 NAMES = [*dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms), "auto", NATIVE, ROUNDTRIP]
 COLLECTIVES = list(GENERATORS)
+REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives that take an op
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +106,7 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--collective {args.collective} times numpy arrays out of place; leave out --cupy and "
                          "--inplace")
     try:
-        if args.collective in ("allreduce", "reduce_scatter", "reduce"):
+        if args.collective in REDUCING:
             check_dtype(args.dtype, parse_op(args.op))
     except TypeError as error:
         raise UsageError(f"--op {args.op} --dtype {args.dtype}: {error}") from None
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     name, dtype, op, algorithms = args.collective, args.dtype, parse_op(args.op), args.algorithms
-    redop = op if name in ("allreduce", "reduce_scatter", "reduce") else None  # as the table shows it
+    redop = op if name in REDUCING else None  # as the table shows it
     baseline = next((case for case in (NATIVE, ROUNDTRIP) if case in algorithms), None)
     if name == "allreduce":
         counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
@@ -254,7 +255,7 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
                   "reduce": lambda: comm.Reduce(send, out, mpi_op, 0),
                   "alltoall": lambda: comm.Alltoall(send, out)}[name]
         call = native
-        if op is ReduceOp.AVG and name in ("allreduce", "reduce_scatter", "reduce"):
+        if op is ReduceOp.AVG and name in REDUCING:
             def call():
                 native()
                 if name != "reduce" or comm.Get_rank() == 0:
