@@ -1,6 +1,7 @@
 """The reduce-scatter, allgather, broadcast and reduce generators, checked without MPI: each verified
 against its own postcondition, and its traffic in the simulator against its closed form."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -193,8 +194,44 @@ def test_every_alltoall_generator_computes_alltoall_on_1_to_16_ranks(algorithm, 
 
 
 def test_alltoall_blocks_must_be_alike():
-    with pytest.raises(ValueError, match="must be alike"):
+    with pytest.raises(ValueError, match="must be 2 alike"):
         Collective("alltoall", (2, 3)).check(2, 5)
+    with pytest.raises(ValueError, match="not all alike"):  # such a matrix is given as N counts
+        Collective("alltoall", (2,) * 4).check(2, 8)
+
+
+def _count_matrix(nranks: int, seed: int) -> tuple[int, ...]:
+    """What each rank sends each, row by row: sizes of 0 to 5, not all alike."""
+    counts = tuple(int(c) for c in np.random.default_rng(seed).integers(0, 6, nranks * nranks))
+    return counts if len(set(counts)) > 1 else (counts[0] + 1, *counts[1:])
+
+
+@pytest.mark.parametrize("nranks", range(2, 17))
+def test_pairwise_alltoall_of_a_matrix_of_counts_on_2_to_16_ranks(nranks):
+    for seed in range(3):
+        collective = Collective("alltoall", _count_matrix(nranks, seed))
+        count = sum(collective.counts)
+        for segment in (0, 1, 4):
+            verify("pairwise", nranks, count, segment=segment, collective=collective)
+        # Staged (device memory) plans never run stepwise: their backends are asynchronous (runtime/plan.py).
+        verify_schedules(allreduce_schedules("pairwise", nranks, count, staged=True, collective=collective),
+                         stepwise=False)
+
+
+def test_bruck_refuses_a_matrix_of_counts():
+    with pytest.raises(ValueError, match="blocks alike only"):
+        verify("bruck", 3, 12, collective=Collective("alltoall", (1, 2, 1, 2, 1, 1, 1, 2, 1)))
+
+
+def test_verifier_catches_a_block_of_a_matrix_put_in_the_wrong_place():
+    collective = Collective("alltoall", (1, 2, 3, 0, 2, 1, 1, 1, 2))  # rank 1 receives 2 + 2 + 1
+
+    def misplace(ops):  # its block from rank 0 written one element on
+        i = next(i for i, op in enumerate(ops) if op.kind is OpKind.RECV and op.peer == 0)
+        ops[i] = ops[i]._replace(dst=ops[i].dst._replace(offset=1))
+        return ops
+    with pytest.raises(ScheduleError, match=r"rank 1: output\[\d\] holds"):
+        verify_schedules(_planted("pairwise", 3, sum(collective.counts), collective, 1, misplace))
 
 
 @pytest.mark.parametrize("algorithm", ALLTOALL)

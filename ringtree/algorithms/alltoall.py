@@ -1,12 +1,13 @@
-"""Alltoall: rank r's block d goes to rank d, where it is block r; every block is alike.
+"""Alltoall: rank r's block d goes to rank d, where it is block r; blocks alike, or of a matrix of counts.
 
 pairwise  N-1 steps: in step k a rank sends its block for rank r+k and receives rank r-k's block
           for it (with N a power of two, the partners r XOR k exchange). One message per peer, each
-          sent straight from the input to its place: N-1 messages of one block.
+          sent straight from the input to its place: N-1 messages of one block. Blocks of any sizes.
 bruck     ⌈log2 N⌉ rounds for any N: the blocks turned so that position i holds the one for rank
           r+i; in round k every position with bit k set moves k ranks on, packed into one message;
           at the end position i holds rank r-i's block for this rank. log2 N messages of up to N/2
-          blocks each, for a copy of every block per round: the better for small blocks.
+          blocks each, for a copy of every block per round: the better for small blocks. Blocks alike
+          only: a rank forwards blocks of others, whose sizes a matrix gives only the ranks it concerns.
 """
 
 from __future__ import annotations
@@ -18,23 +19,31 @@ def pairwise_alltoall(nranks: int, rank: int, count: int, collective: Collective
     if nranks == 1:
         return single_rank("pairwise", count, collective)
     b = ScheduleBuilder("pairwise", nranks, rank, count, collective)
-    size = collective.counts[0]
-
-    def block(buffer: str, index: int) -> Ref:
-        return Ref(buffer, index * size, size)
-
-    b.copy(block(OUTPUT, rank), block(INPUT, rank))
+    sent, received = collective.exchanged(rank)
+    b.copy(Ref(OUTPUT, *received[rank]), Ref(INPUT, *sent[rank]))
     exchanges = nranks & (nranks - 1) == 0
+    receive_first = False
     for step in range(1, nranks):
         to, source = (rank ^ step, rank ^ step) if exchanges else ((rank + step) % nranks, (rank - step) % nranks)
-        b.send(to, block(INPUT, to))
-        b.recv(source, block(OUTPUT, source))
+        send, recv = Ref(INPUT, *sent[to]), Ref(OUTPUT, *received[source])
+        # A step of one message (the other block empty) starts the next step with the same kind, so that
+        # the stepwise runner does not pair messages of two steps (schedule.order.steps).
+        if receive_first:
+            b.recv(source, recv)
+            b.send(to, send)
+        else:
+            b.send(to, send)
+            b.recv(source, recv)
+        if not (send.count and recv.count) and (send.count or recv.count):
+            receive_first = bool(recv.count)
     return b.build()
 
 
 def bruck_alltoall(nranks: int, rank: int, count: int, collective: Collective) -> Schedule:
     if nranks == 1:
         return single_rank("bruck", count, collective)
+    if not collective.alike():
+        raise ValueError("bruck: an alltoall of blocks alike only; pairwise takes a matrix of counts")
     b = ScheduleBuilder("bruck", nranks, rank, count, collective)
     size = collective.counts[0]
     rounds = [1 << k for k in range((nranks - 1).bit_length())]

@@ -1,4 +1,4 @@
-"""The one path of every collective (allreduce, reduce_scatter, allgather, broadcast, reduce): a call is
+"""The one path of every collective (allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall): a call is
 checked into a Prepared (collective_args.py), finds or builds its plan (kept per call shape in its
 communicator's state) and runs, blocking or started. The public functions, blocking, nonblocking and
 persistent, are each a line over `run`. What a call shares with the calls before it, the shortest way
@@ -22,15 +22,7 @@ from ..runtime.again import AGAIN, keep_again, keep_new_result, may_keep, steps_
 from ..runtime.backend import NumpyBackend
 from ..runtime.in_flight import IN_FLIGHT
 from ..runtime.mismatch import Signature, signature
-from ..runtime.native import (
-    NativeInFlight,
-    native_runner,
-    native_start,
-    reduces,
-    run_native,
-    run_started,
-    start_native,
-)
+from ..runtime.native import NativeInFlight, native_runner, native_start, reduces, run_native, run_started, start_native
 from ..runtime.one_caller import in_call
 from ..runtime.plan import build_plan
 from ..runtime.refusal import refusing
@@ -59,7 +51,7 @@ from ..tuning.online import Tuner
 from ..tuning.selector import log_choice, select, table
 from .buffers import converted_call, is_plain_call
 from .checks import checked_timeout
-from .collective_args import Prepared, checked_call
+from .collective_args import Prepared, checked_call, with_count_matrix
 from .request import Request
 
 __all__ = ["run"]
@@ -97,6 +89,8 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
     """run's call, in the thread rules; `kept`: whether the buffers are the caller's own (not arrays
     made for this call, which the call's repeats must not hold, and which are plain arrays already)."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    if len(buffers) == 4 and name == "alltoall":  # given counts: not kept, the next call may bring others
+        buffers, kept = with_count_matrix(comm, algorithm, segment, check, timeout, buffers), False
     if name == "allreduce":
         sendbuf, recvbuf, op = buffers
         if kept and (not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None)):
@@ -267,8 +261,10 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     # MPI's own is a candidate for untimed calls only: a wait inside it does not keep a timeout.
     native_ok = timeout is None and backend is NumpyBackend and (reduce_op is None or reduces(dtype, reduce_op))
     compared = current.check if check is None else check
-    choice = None if name == "allreduce" else choose(name, nbytes, state.size, algorithm, segment, native_ok)
     collective = call.collective
+    matrix = name == "alltoall" and not collective.alike()  # chosen by the bytes of a rank on the average
+    choice = None if name == "allreduce" else choose(name, nbytes // state.size if matrix else nbytes, state.size,
+                                                     algorithm, segment, native_ok, matrix)
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
     # shows. So a rooted call compares its arguments first unless the caller says check=False, or
     # runs where every rank sees every rank's root (a small broadcast or reduce of MPI's own).
@@ -307,7 +303,7 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
         if run is None and name in ROOTED and plan.native.collective.root is None:  # it shows the roots
             native, after = showing_roots(state, call, plan.native.op)
         elif run is None and name != "allreduce":
-            native = native_start(call, plan.native.op)
+            native = native_start(call, plan.native.op, state.rank)
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:

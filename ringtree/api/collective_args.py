@@ -10,14 +10,17 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import tensors
+from .. import settings, tensors
 from ..ops import ReduceOp, check_dtype, parse_op
 from ..runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
+from ..runtime.counts import count_matrix
+from ..runtime.refusal import refusing
+from ..runtime.state import comm_state
 from ..schedule.ir import ALLREDUCE, Collective, blocks
 from .buffers import as_array
-from .checks import check_comm, check_options
+from .checks import check_comm, check_options, checked_timeout
 
-__all__ = ["Prepared", "checked_call", "prepared"]
+__all__ = ["Prepared", "checked_call", "prepared", "counts_of", "with_count_matrix"]
 
 
 class Prepared(NamedTuple):
@@ -173,23 +176,48 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
                     _context(recvbuf if recvbuf is not None else sendbuf))
 
 
-def _alltoall(rank, size, sendbuf, recvbuf) -> Prepared:
+def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Prepared:
+    """An alltoall's arrays; `counts`: None for blocks alike, else the matrix the ranks' counts make
+    (counts_of, then runtime/counts.py)."""
     inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
     if inplace and recvbuf is None:
         raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
     name = "recvbuf" if inplace else "sendbuf"
     source = _array(recvbuf if inplace else sendbuf, name, writable=inplace)
     backend = _backend(source, name, None)
-    counts = _counts(None, size, source.size, name)
+    collective = Collective("alltoall", _counts(None, size, source.size, name) if counts is None else counts)
+    sending, receiving = (sum(c for _, c in placed) for placed in collective.exchanged(rank))
+    if sending > source.size:
+        raise ValueError(f"{name} has {source.size} elements, too few for the {sending} the counts send")
     if inplace:  # blocks are written where others are still to be read: the input is read from a copy
-        target, result, source = source, recvbuf, source.copy()
+        target, result, source = source[:receiving], recvbuf, source[:sending].copy()
     elif recvbuf is None:
-        result = _new(sendbuf, backend, np.shape(sendbuf) if _shaped(sendbuf) else (source.size,), source.dtype)
-        target = _flat_of(result)
+        shape = np.shape(sendbuf) if _shaped(sendbuf) and counts is None else (receiving,)
+        result = _new(sendbuf, backend, shape, source.dtype)
+        target, source = _flat_of(result), source[:sending]
     else:
-        target, result = _receiving(recvbuf, source, backend, None, source.size, "every rank's block"), recvbuf
-    return Prepared(Collective("alltoall", counts), source.size, source, target, False, backend, None, result, None,
+        target, result = _receiving(recvbuf, source, backend, None, receiving, "every rank's block"), recvbuf
+        source = source[:sending]
+    return Prepared(collective, sum(collective.counts), source, target, False, backend, None, result, None,
                     _context(recvbuf if recvbuf is not None else sendbuf))
+
+
+def counts_of(comm, sendbuf, recvbuf, sendcounts, recvcounts) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(what this rank sends each rank, what it receives from each) of an alltoall given counts, checked
+    against its buffers; TypeError or ValueError naming the rank. In place, recvcounts are both."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
+        if inplace and recvbuf is None:
+            raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
+        received = _named_counts(recvcounts, size, "recvcounts")
+        sent = received if inplace else _named_counts(sendcounts, size, "sendcounts")
+        for buffer, name, counts in ((recvbuf, "recvbuf", received), (None if inplace else sendbuf, "sendbuf", sent)):
+            if buffer is not None and (elements := _array(buffer, name, writable=False).size) < sum(counts):
+                raise ValueError(f"{name} has {elements} elements, too few for the {sum(counts)} its counts give")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"ringtree alltoall on rank {rank}: {error}") from None
+    return sent, received
 
 
 _CHECKS = {"allreduce": _allreduce, "reduce_scatter": _reduce_scatter, "allgather": _allgather, "broadcast": _broadcast,
@@ -269,6 +297,30 @@ def _counts(counts, size: int, total: int | None, name: str) -> tuple[int, ...]:
     if total is not None and sum(counts) != total:
         raise ValueError(f"counts add up to {sum(counts)} but {name} has {total} elements")
     return counts
+
+
+def with_count_matrix(comm, algorithm, segment, check, timeout, buffers) -> tuple:
+    """An alltoall's (sendbuf, recvbuf, sendcounts, recvcounts) as (sendbuf, recvbuf, the count matrix):
+    the counts checked on this rank, then exchanged and compared (runtime/counts.py)."""
+    sendbuf, recvbuf, sendcounts, recvcounts = buffers
+    with refusing(comm):
+        check_comm(comm, "alltoall")
+        check_options("alltoall", comm, algorithm, segment, check)
+        sent, received = counts_of(comm, sendbuf, recvbuf, sendcounts, recvcounts)
+        timeout = checked_timeout(timeout, comm, settings.current().timeout, "alltoall")
+        state = comm_state(comm, timeout)
+    state.check_usable()
+    return sendbuf, recvbuf, count_matrix(state, sent, received, timeout)
+
+
+def _named_counts(counts, size: int, name: str) -> tuple[int, ...]:
+    if counts is None:
+        raise ValueError(f"{name} is None: an alltoall given counts needs sendcounts and recvcounts "
+                         "(recvcounts alone in place)")
+    try:
+        return _counts(counts, size, None, "")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{name}: {error}") from None
 
 
 def _root(root, size: int) -> int:

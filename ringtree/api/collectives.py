@@ -16,10 +16,11 @@ from mpi4py import MPI
 
 from ..ops import named_defaults
 from ..runtime.again import AGAIN, MISSED
+from ..runtime.one_caller import in_call
 from ..runtime.refusal import refusing
 from .call_path import run
 from .checks import checked_timeout
-from .collective_args import checked_call
+from .collective_args import checked_call, with_count_matrix
 from .persistent import PersistentRequest
 from .request import Request
 
@@ -125,10 +126,18 @@ def ireduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="
     return run("reduce", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
 
 
-def alltoall(sendbuf, recvbuf=None, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None):
+def alltoall(sendbuf, recvbuf=None, sendcounts=None, recvcounts=None, *, comm=None, algorithm="auto", segment=None,
+             check=None, timeout=None):
     """Rank r's `sendbuf` is N equal blocks, block d for rank d; rank d gets them in `recvbuf` (a new
     array when None), block r from rank r, and it is returned. With sendbuf MPI.IN_PLACE, recvbuf
-    holds the input and gets the result."""
+    holds the input and gets the result.
+
+    Given counts, as MPI's Alltoallv with the blocks end to end: rank r sends `sendcounts[d]`
+    elements to rank d and receives `recvcounts[s]` from rank s (in place, recvcounts are both).
+    The ranks exchange their counts first (a small allreduce of N×N of them), and raise
+    MismatchError on every rank where what one sends another is not what that one expects."""
+    if sendcounts is not None or recvcounts is not None:
+        return run("alltoall", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, sendcounts, recvcounts)
     again = AGAIN["alltoall"].get(id(recvbuf))
     if (again is not None and segment is check is timeout is None
             and again.ran(sendbuf, None, None, comm, algorithm) is not MISSED):
@@ -136,9 +145,12 @@ def alltoall(sendbuf, recvbuf=None, *, comm=None, algorithm="auto", segment=None
     return run("alltoall", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf)
 
 
-def ialltoall(sendbuf, recvbuf=None, *, comm=None, algorithm="auto", segment=None, check=None,
-              timeout=None) -> Request:
-    """Start an alltoall and return its Request (wait() returns recvbuf)."""
+def ialltoall(sendbuf, recvbuf=None, sendcounts=None, recvcounts=None, *, comm=None, algorithm="auto", segment=None,
+              check=None, timeout=None) -> Request:
+    """Start an alltoall and return its Request (wait() returns recvbuf). Given counts, the exchange of
+    counts is waited for before it returns: every rank must make the call (unlike MPI's Ialltoallv)."""
+    if sendcounts is not None or recvcounts is not None:
+        return run("alltoall", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, sendcounts, recvcounts)
     again = AGAIN["ialltoall"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, None, None, comm, algorithm)
@@ -170,9 +182,15 @@ def reduce_init(sendbuf, recvbuf, op=MPI.SUM, root=0, *, comm=None, algorithm="a
     return _persistent("reduce", comm, algorithm, check, timeout, sendbuf, recvbuf, op, root)
 
 
-def alltoall_init(sendbuf, recvbuf, *, comm=None, algorithm="auto", check=None, timeout=None) -> PersistentRequest:
-    """A persistent alltoall of these buffers."""
-    return _persistent("alltoall", comm, algorithm, check, timeout, sendbuf, recvbuf)
+def alltoall_init(sendbuf, recvbuf, sendcounts=None, recvcounts=None, *, comm=None, algorithm="auto", check=None,
+                  timeout=None) -> PersistentRequest:
+    """A persistent alltoall of these buffers; given counts, the ranks exchange and compare them here, once."""
+    if sendcounts is None and recvcounts is None:
+        return _persistent("alltoall", comm, algorithm, check, timeout, sendbuf, recvbuf)
+    comm = MPI.COMM_WORLD if comm is None else comm
+    exchanged = in_call(comm, with_count_matrix, comm, algorithm, None, check, timeout,
+                        (sendbuf, recvbuf, sendcounts, recvcounts))
+    return _persistent("alltoall", comm, algorithm, check, timeout, *exchanged)
 
 
 for _function in (reduce_scatter, allgather, broadcast, reduce, alltoall):

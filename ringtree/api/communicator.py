@@ -24,12 +24,12 @@ _FORMS = {name: {"blocking": getattr(collectives, name), "nonblocking": getattr(
 
 class Communicator(MPI.Intracomm):
     """An `MPI.Intracomm` (the same communicator, not a copy) whose allreduces, reduce-scatters,
-    allgathers, broadcasts, reduces and alltoalls run on ringtree (Alltoallv and the rest: mpi4py's).
+    allgathers, broadcasts, reduces and alltoalls (Alltoallv too) run on ringtree (the rest: mpi4py's).
 
     Usable wherever mpi4py takes a communicator; every other method is mpi4py's own, and the
     communicators that Dup, Clone, Split, Create, Create_group and Split_type make are wrapped
     too. The buffers are whatever mpi4py's methods take (buffers.py); what ringtree does not
-    compute (a user-defined op, MAXLOC, a derived datatype, Allgatherv's displacements with gaps)
+    compute (a user-defined op, MAXLOC, a derived datatype, Allgatherv's or Alltoallv's displacements with gaps)
     goes to MPI's own. `check` and `timeout` apply to every call (as allreduce's arguments of those
     names; None: RINGTREE_CHECK, RINGTREE_TIMEOUT) and pass to the communicators made from this one.
     """
@@ -137,6 +137,15 @@ class Communicator(MPI.Intracomm):
 
     def Alltoall_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
         return self._call("persistent", "Alltoall", algorithm, sendbuf, recvbuf)
+
+    def Alltoallv(self, sendbuf, recvbuf, *, algorithm="auto") -> None:
+        self._call("blocking", "Alltoallv", algorithm, sendbuf, recvbuf)
+
+    def Ialltoallv(self, sendbuf, recvbuf, *, algorithm="auto") -> MPIRequest | Request:
+        return self._call("nonblocking", "Alltoallv", algorithm, sendbuf, recvbuf)
+
+    def Alltoallv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL, *, algorithm="auto") -> PersistentRequest:
+        return self._call("persistent", "Alltoallv", algorithm, sendbuf, recvbuf)
 
     def _call(self, form: str, method: str, algorithm: str, *arguments):
         """mpi4py's `method` on ringtree, or MPI's own where ringtree does not compute it, in `form`:

@@ -1,4 +1,4 @@
-"""mpi4py's Reduce_scatter_block, Reduce_scatter, Allgather, Allgatherv, Bcast, Reduce and Alltoall, as
+"""mpi4py's Reduce_scatter_block, Reduce_scatter, Allgather, Allgatherv, Bcast, Reduce, Alltoall and Alltoallv, as
 calls of ringtree's reduce_scatter, allgather, broadcast, reduce and alltoall; or, where ringtree does not compute the
 call (a user-defined op, MAXLOC, a derived datatype, displacements with gaps, counts in a block buffer
 specification), MPI's own, nonblocking, waited for while ringtree's collectives in flight progress."""
@@ -67,18 +67,39 @@ def _allgatherv(comm, sendbuf, recvbuf) -> Translated:
     why = passes_through(None, sendbuf, recvbuf)
     if why:
         return Translated(None, (), why)
-    if not isinstance(recvbuf, (list, tuple)) or len(recvbuf) < 2:
-        raise TypeError("Allgatherv's recvbuf is [buf, counts], [buf, (counts, displs)], [buf, counts, displs] or "
-                        "either of those with a datatype last")
-    buf, *rest = recvbuf
+    spec, counts, displs = _vector(recvbuf, "Allgatherv's recvbuf")
+    if not _end_to_end(counts, displs):
+        return Translated(None, (), "displacements that do not lay the blocks end to end")
+    return Translated("allgather", (MPI.IN_PLACE if sendbuf is None else sendbuf, spec, counts))
+
+
+def _alltoallv(comm, sendbuf, recvbuf) -> Translated:
+    why = passes_through(None, sendbuf, recvbuf)
+    if why:
+        return Translated(None, (), why)
+    inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
+    receiving, recvcounts, received_at = _vector(recvbuf, "Alltoallv's recvbuf")
+    sending, sendcounts, sent_at = (MPI.IN_PLACE, None, None) if inplace else _vector(sendbuf, "Alltoallv's sendbuf")
+    if not (_end_to_end(recvcounts, received_at) and (inplace or _end_to_end(sendcounts, sent_at))):
+        return Translated(None, (), "displacements that do not lay the blocks end to end")
+    return Translated("alltoall", (sending, receiving, sendcounts, recvcounts))
+
+
+def _vector(spec, what: str) -> tuple:
+    """(the buffer, with its datatype if given; the counts; the displacements or None) of a buffer
+    specification with counts, as mpi4py's vector collectives take it."""
+    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
+        raise TypeError(f"{what} is [buf, counts], [buf, (counts, displs)], [buf, counts, displs] or either of "
+                        "those with a datatype last")
+    buf, *rest = spec
     datatype = rest.pop() if isinstance(rest[-1], (str, MPI.Datatype)) else None
     counts, displs = (rest[0] if len(rest) == 1 and isinstance(rest[0], tuple) and len(rest[0]) == 2
                       and not np.isscalar(rest[0][0]) else (rest[0], rest[1] if len(rest) > 1 else None))
-    counts = [int(c) for c in counts]
-    if displs is not None and list(displs) != [sum(counts[:r]) for r in range(len(counts))]:
-        return Translated(None, (), "displacements that do not lay the blocks end to end")
-    spec = buf if datatype is None else [buf, datatype]
-    return Translated("allgather", (MPI.IN_PLACE if sendbuf is None else sendbuf, spec, counts))
+    return buf if datatype is None else [buf, datatype], [int(c) for c in counts], displs
+
+
+def _end_to_end(counts, displs) -> bool:
+    return displs is None or list(displs) == [sum(counts[:r]) for r in range(len(counts))]
 
 
 def _bcast(comm, buf, root) -> Translated:
@@ -106,7 +127,7 @@ def _alltoall(comm, sendbuf, recvbuf) -> Translated:
 
 _TRANSLATIONS = {"Reduce_scatter_block": _reduce_scatter_block, "Reduce_scatter": _reduce_scatter,
                  "Allgather": _allgather, "Allgatherv": _allgatherv, "Bcast": _bcast, "Reduce": _reduce,
-                 "Alltoall": _alltoall}
+                 "Alltoall": _alltoall, "Alltoallv": _alltoallv}
 
 
 def _counted(*specs) -> str:

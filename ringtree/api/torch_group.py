@@ -1,8 +1,9 @@
 """ringtree as a torch.distributed process group: each collective torch calls runs on ringtree's
-schedules (allreduce, broadcast, reduce, allgather, reduce-scatter, their coalesced forms, and an
-alltoall of equal splits), with `auto` choosing among them and MPI's own, or, where ringtree has
-none, on MPI's own nonblocking call over the group's communicator (an alltoall of given splits,
-gather, scatter, barrier, send and recv): never on gloo.
+schedules (allreduce, broadcast, reduce, allgather, reduce-scatter, their coalesced forms, and
+all_to_all_single of host tensors, its splits equal or given), with `auto` choosing among them and
+MPI's own, or, where ringtree has none, on MPI's own nonblocking call over the group's communicator
+(all_to_all of lists, all_to_all_single of CUDA tensors, gather, scatter, barrier, send and recv):
+never on gloo.
 
 A call torch waits for at once (`async_op=False`: its options' asyncOp) runs ringtree's blocking
 collective, which is quicker for a small one; any other starts the nonblocking one and returns a Work
@@ -150,24 +151,24 @@ class ProcessGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # Alltoall, gather, scatter, send and recv: data moved as it is, as bytes on MPI's own calls but for
-    # an alltoall of equal splits.
+    # all_to_all_single of host tensors.
 
     def all_to_all_single(self, output, tensor, output_splits, input_splits, opts=None) -> Work:
         self._contiguous("all_to_all_single", [output, tensor])
         size = self.comm.Get_size()
-        if not (output_splits or input_splits):
-            self._splits("all_to_all_single", tensor, None, size, "input_split_sizes")
-            if output.numel() != tensor.numel():
-                raise ValueError(f"ringtree all_to_all_single on rank {self.comm.Get_rank()}: the output has "
-                                 f"{output.numel()} elements, the input {tensor.numel()}")
-            source, target = _array(tensor), _array(output)
-            if not (isinstance(source, torch.Tensor) or isinstance(target, torch.Tensor)):
-                # ringtree's alltoall; given splits, alike on every rank, go to MPI's Alltoallv
-                same = tensor.numel() and tensor.data_ptr() == output.data_ptr()
-                return Work([_run(opts, "alltoall", MPI.IN_PLACE if same else source, target, comm=self.comm)],
-                            [output])
+        split = bool(output_splits or input_splits)
         send_counts = self._splits("all_to_all_single", tensor, input_splits, size, "input_split_sizes")
         receive_counts = self._splits("all_to_all_single", output, output_splits, size, "output_split_sizes")
+        if not split and output.numel() != tensor.numel():
+            raise ValueError(f"ringtree all_to_all_single on rank {self.comm.Get_rank()}: the output has "
+                             f"{output.numel()} elements, the input {tensor.numel()}")
+        source, target = _array(tensor), _array(output)
+        if not (isinstance(source, torch.Tensor) or isinstance(target, torch.Tensor)):
+            # ringtree's alltoall; given splits, its exchange of counts checks them against the other ranks'
+            same = tensor.numel() and tensor.data_ptr() == output.data_ptr()
+            counts = (send_counts, receive_counts) if split else ()
+            return Work([_run(opts, "alltoall", MPI.IN_PLACE if same else source, target, *counts, comm=self.comm)],
+                        [output])
         send, receive = _Bytes(tensor), _Bytes(output)
         return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
                     [output], receive.back)

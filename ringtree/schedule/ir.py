@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -88,7 +89,8 @@ class Collective(NamedTuple):
     reduce          the root's OUTPUT: the total (the others have no OUTPUT)
     alltoall        rank r's OUTPUT: block r of every rank's INPUT, block s from rank s
 
-    Blocks lie in rank order, block r of `counts[r]` elements (an alltoall's blocks are all alike).
+    Blocks lie in rank order, block r of `counts[r]` elements. An alltoall's counts are N alike, or its
+    N×N matrix row by row (`counts[s * N + d]`: what rank s sends rank d), of `count` elements in all.
     """
 
     name: str = "allreduce"
@@ -99,10 +101,13 @@ class Collective(NamedTuple):
         if self.name not in COLLECTIVES:
             raise ValueError(f"unknown collective {self.name!r}; known: {', '.join(COLLECTIVES)}")
         blocks = self.name in ("reduce_scatter", "allgather", "alltoall")
-        if blocks and (len(self.counts) != nranks or sum(self.counts) != count or min(self.counts, default=0) < 0):
-            raise ValueError(f"{self.name}: counts {self.counts} must be {nranks} counts >= 0 adding up to {count}")
-        if self.name == "alltoall" and len(set(self.counts)) > 1:
-            raise ValueError(f"alltoall: counts {self.counts} must be alike: every block is the same size")
+        given = nranks * nranks if self.name == "alltoall" and len(self.counts) == nranks * nranks else nranks
+        if blocks and (len(self.counts) != given or sum(self.counts) != count or min(self.counts, default=0) < 0):
+            raise ValueError(f"{self.name}: counts {self.counts} must be {nranks} counts >= 0 adding up to {count}"
+                             + (f", or {nranks}×{nranks}" if self.name == "alltoall" else ""))
+        if self.name == "alltoall" and (given == nranks) != self.alike():
+            raise ValueError(f"alltoall: counts {self.counts} must be {nranks} alike, or a {nranks}×{nranks} matrix "
+                             "of what each rank sends each whose blocks are not all alike")
         if not 0 <= self.root < nranks:
             raise ValueError(f"{self.name}: root {self.root} is not a rank of {nranks}")
 
@@ -118,12 +123,27 @@ class Collective(NamedTuple):
         if self.name == "allgather":
             return self.counts[rank], count, self.displacement(rank)
         if self.name == "alltoall":  # in place by way of a copy of the input (collective_args.py)
-            return count, count, None
+            sent, received = self.exchanged(rank)
+            return sum(size for _, size in sent), sum(size for _, size in received), None
         if self.name == "broadcast":
             return 0, count, None
         if self.name == "reduce" and rank != self.root:
             return count, 0, None
         return count, count, 0
+
+    def exchanged(self, rank: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """An alltoall's blocks at `rank`: (offset, size) in INPUT of the one for each rank, and in OUTPUT
+        of the one from each rank."""
+        if self.alike():
+            placed = blocks(self.counts)
+            return placed, placed
+        nranks = math.isqrt(len(self.counts))
+        return (blocks(self.counts[rank * nranks:(rank + 1) * nranks]),
+                blocks(self.counts[rank::nranks]))
+
+    def alike(self) -> bool:
+        """Whether an alltoall's blocks are all one size: its counts are N alike, not a matrix."""
+        return self.counts.count(self.counts[0]) == len(self.counts) if self.counts else True
 
 
 ALLREDUCE = Collective()

@@ -314,10 +314,11 @@ def _promised(schedule: Schedule) -> np.ndarray:
         owners = np.repeat(np.arange(nranks), collective.counts)
         expected[np.arange(size), owners] = 1
     elif collective.name == "alltoall":  # block s: element j of rank s's block for this rank
-        block = collective.counts[0] if collective.counts else 0
-        owners = np.repeat(np.arange(nranks), block)
-        expected[np.arange(size), owners] = 1
-        expected[:, -1] = schedule.rank * block + np.arange(size) % max(block, 1)
+        _, received = collective.exchanged(schedule.rank)
+        for source, (offset, block) in enumerate(received):
+            expected[offset:offset + block, source] = 1
+            first = collective.exchanged(source)[0][schedule.rank][0]
+            expected[offset:offset + block, -1] = first + np.arange(block)
     elif collective.name == "broadcast":
         expected[:, collective.root] = 1
     else:

@@ -19,16 +19,16 @@ __all__ = ["NATIVE", "choose", "rules_for"]
 
 
 def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None,
-           native: bool = True) -> Choice:
+           native: bool = True, matrix: bool = False) -> Choice:
     """The algorithm and segment size for `collective` of `nbytes` on `nranks` ranks; `native`: whether
-    MPI's own can run it."""
+    MPI's own can run it; `matrix`: an alltoall of a count matrix, which Bruck does not take."""
     source = "call"
     if algorithm == "auto":
         origin, rules = rules_for(collective, nranks, native)
         # The first rule whose sizes reach this one; past the largest size measured, the last rule.
         i, rule = next(((i, rule) for i, rule in enumerate(rules) if rule["bytes"][1] is None
                         or nbytes <= rule["bytes"][1]), (len(rules) - 1, rules[-1]))
-        algorithm = rule["algorithm"]
+        algorithm = "pairwise" if matrix and rule["algorithm"] == "bruck" else rule["algorithm"]
         source = f"table {origin} {collective} {'rules' if native else 'without_native'} {i}"
         if segment is None:
             segment = rule["segment"] or nbytes
