@@ -1,10 +1,12 @@
 """torch.distributed's collectives on ringtree's backend against the same calls on gloo and MPI's own
 collective of the same bytes, in one run.
 
-    mpiexec -n 2 python scripts/torch-collectives.py [--collectives all_to_all_single,all_reduce]
+    mpiexec -n 2 python scripts/torch-collectives.py [--collectives all_to_all_single,all_to_all_uneven]
                                                      [--sizes 1K,16K,256K,4M,16M] [--iters 9]
 
-Each size is the bytes a rank sends (float32): all_to_all_single against MPI's Alltoall, all_reduce
+Each size is the bytes a rank sends (float32): all_to_all_single against MPI's Alltoall,
+all_to_all_uneven (all_to_all_single given splits: rank s sends rank d 1 + (s + d) mod N shares of
+the size) against MPI's Alltoallv, all_reduce
 against Allreduce, all_gather_single (the size is the whole output) against Allgather,
 reduce_scatter_single (the size is the whole input) against Reduce_scatter_block. Every result is
 checked against MPI's before timing; timing is bench's (measure.time_in_turns: turns in shuffled
@@ -13,13 +15,14 @@ ringtree / MPI (of speed: above 1 is faster).
 """
 
 import argparse
+from functools import partial
 
 from mpi4py import MPI
 
 from ringtree.commands.arguments import format_size, size_list
 from ringtree.commands.measure import time_in_turns
 
-COLLECTIVES = ("all_to_all_single", "all_reduce", "all_gather_single", "reduce_scatter_single")
+COLLECTIVES = ("all_to_all_single", "all_to_all_uneven", "all_reduce", "all_gather_single", "reduce_scatter_single")
 
 
 def cases(name: str, count: int, comm, groups: dict) -> dict:
@@ -35,6 +38,15 @@ def cases(name: str, count: int, comm, groups: dict) -> dict:
     if name == "all_to_all_single":
         out, mpi = torch.empty_like(data), lambda: comm.Alltoall(data.numpy(), whole.numpy())
         function, arguments = dist.all_to_all_single, (out, data)
+    elif name == "all_to_all_uneven":  # every row and column of shares adds up to the same
+        share = count // (size * (size + 1) // 2)
+        sent = [share * (1 + (rank + d) % size) for d in range(size)]
+        received = [share * (1 + (s + rank) % size) for s in range(size)]
+        data, whole = data[:sum(sent)], whole[:sum(received)]
+        out = torch.empty_like(whole)
+        mpi = partial(comm.Alltoallv, [data.numpy(), sent], [whole.numpy(), received])
+        function, arguments = partial(dist.all_to_all_single, output_split_sizes=received, input_split_sizes=sent), (
+            out, data)
     elif name == "all_reduce":
         out, mpi = data.clone(), lambda: comm.Allreduce(data.numpy(), whole.numpy())
         function, arguments = dist.all_reduce, (out,)  # sums of sums: checked once, first

@@ -63,7 +63,7 @@ def test_bench_times_auto_once_online_tuning_has_chosen(tmp_path):
     assert "tune 65536-131071 B, out of place, 4-byte elements, native allowed: committed to" in run.stderr
 
 
-@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "alltoallv"])
 def test_bench_of_every_collective_checks_it_against_native_with_nccl_tests_busbw(tmp_path, collective):
     path = tmp_path / "bench.json"
     run = run_mpiexec(2, "-m", "ringtree", "bench", "--collective", collective, "-b", "8", "-e", "64K", "-f", "64",
@@ -71,9 +71,12 @@ def test_bench_of_every_collective_checks_it_against_native_with_nccl_tests_busb
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(path.read_text())
     assert result["collective"] == collective and f"ringtree bench {collective}" in run.stdout
-    assert {row["algorithm"] for row in result["rows"]} == {*GENERATORS[collective], "auto", "native"}
-    assert sorted({row["size"] for row in result["rows"]}) == [8, 512, 32768]
-    factor = 0.5 if collective in ("reduce_scatter", "allgather") else 1.0  # (n-1)/n at 2 ranks, or 1
+    ours = {"pairwise"} if collective == "alltoallv" else set(GENERATORS[collective])  # Bruck: blocks alike only
+    assert {row["algorithm"] for row in result["rows"]} == {*ours, "auto", "native"}
+    # alltoallv's sizes are whole numbers of its shares: 1 + 2 of 4 bytes at 2 ranks
+    assert sorted({row["size"] for row in result["rows"]}) == ([12, 504, 32760] if collective == "alltoallv"
+                                                                else [8, 512, 32768])
+    factor = 0.5 if collective in ("reduce_scatter", "allgather", "alltoall", "alltoallv") else 1.0  # (n-1)/n, or 1
     for row in result["rows"]:
         assert row["wrong"] == 0 and row["busbw"] == pytest.approx(row["algbw"] * factor)
 

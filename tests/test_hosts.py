@@ -115,6 +115,13 @@ def _one_call_against_mpi_s_own(comm, name, algorithm, count, segment) -> list[s
         expected = np.empty(block * comm.size, np.int32)
         comm.Alltoall(x[:block * comm.size], expected)
         got = ringtree.alltoall(x[:block * comm.size], **options)
+        if algorithm != "bruck":  # and given counts (Bruck takes blocks alike only), rank s sending d up to a block
+            matrix = (np.add.outer(np.arange(comm.size), 2 * np.arange(comm.size)) + count) % (block + 1)
+            sent, received = matrix[comm.rank].tolist(), matrix[:, comm.rank].tolist()
+            theirs = np.empty(sum(received), np.int32)
+            comm.Alltoallv([x[:sum(sent)], sent], [theirs, received])
+            if not np.array_equal(ringtree.alltoall(x[:sum(sent)], None, sent, received, **options), theirs):
+                return [f"alltoall {algorithm} given counts {sent}, segment {segment}: differs from MPI's"]
     else:
         expected = np.empty_like(x) if comm.rank == root else None
         comm.Reduce(x, expected, MPI.SUM, root)

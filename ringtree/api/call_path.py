@@ -89,8 +89,8 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
     """run's call, in the thread rules; `kept`: whether the buffers are the caller's own (not arrays
     made for this call, which the call's repeats must not hold, and which are plain arrays already)."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    if len(buffers) == 4 and name == "alltoall":  # given counts: not kept, the next call may bring others
-        buffers, kept = with_count_matrix(comm, algorithm, segment, check, timeout, buffers), False
+    if len(buffers) == 4 and name == "alltoall":  # given counts: the count matrix, which the repeats' key holds
+        buffers = with_count_matrix(comm, algorithm, segment, check, timeout, buffers)
     if name == "allreduce":
         sendbuf, recvbuf, op = buffers
         if kept and (not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None)):
@@ -262,9 +262,8 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     native_ok = timeout is None and backend is NumpyBackend and (reduce_op is None or reduces(dtype, reduce_op))
     compared = current.check if check is None else check
     collective = call.collective
-    matrix = name == "alltoall" and not collective.alike()  # chosen by the bytes of a rank on the average
-    choice = None if name == "allreduce" else choose(name, nbytes // state.size if matrix else nbytes, state.size,
-                                                     algorithm, segment, native_ok, matrix)
+    matrix = name == "alltoall" and not collective.alike()
+    choice = None if name == "allreduce" else choose(name, nbytes, state.size, algorithm, segment, native_ok, matrix)
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
     # shows. So a rooted call compares its arguments first unless the caller says check=False, or
     # runs where every rank sees every rank's root (a small broadcast or reduce of MPI's own).
@@ -311,9 +310,10 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
     arrays = tuple((value, value.dtype, value is call.result) for value in buffers if type(value) is NDARRAY)
     repeat = _Repeat((comm, *buffers), arrays, call, state, shape.signature, plan, native, run, steps, shape.what,
                      timeout, shape.comparison, after, trial)
-    # Untimed: neither a trial, nor compared, nor with a segment or timeout of its own.
+    # Untimed: neither a trial, nor compared, nor with a segment or timeout of its own. Not an alltoall
+    # given counts, which the public functions do not look up: its counts are exchanged at every call.
     if trial is None and repeat.comparison is None and timeout is None and segment is None and check is None:
-        if kept:
+        if kept and (name != "alltoall" or len(buffers) == 2):
             nbytes = call.count * call.source.dtype.itemsize
             if not blocking:  # an allreduce's start has no native start or after of its own to look up
                 start = (partial(_started, plan, state, call.source, call.target, call.inplace, repeat.what, call.result)

@@ -213,7 +213,10 @@ def counts_of(comm, sendbuf, recvbuf, sendcounts, recvcounts) -> tuple[tuple[int
         received = _named_counts(recvcounts, size, "recvcounts")
         sent = received if inplace else _named_counts(sendcounts, size, "sendcounts")
         for buffer, name, counts in ((recvbuf, "recvbuf", received), (None if inplace else sendbuf, "sendbuf", sent)):
-            if buffer is not None and (elements := _array(buffer, name, writable=False).size) < sum(counts):
+            if buffer is None:
+                continue
+            elements = buffer.size if type(buffer) is np.ndarray else _array(buffer, name, writable=False).size
+            if elements < sum(counts):
                 raise ValueError(f"{name} has {elements} elements, too few for the {sum(counts)} its counts give")
     except (TypeError, ValueError) as error:
         raise type(error)(f"ringtree alltoall on rank {rank}: {error}") from None

@@ -1,6 +1,8 @@
 """`python -m ringtree bench`: a collective's bandwidth against the MPI library's own, in one run:
-allreduce, or with --collective reduce_scatter, allgather, broadcast, reduce or alltoall (against MPI's
-Reduce_scatter_block, Allgather, Bcast, Reduce and Alltoall).
+allreduce, or with --collective reduce_scatter, allgather, broadcast, reduce, alltoall or alltoallv
+(against MPI's Reduce_scatter_block, Allgather, Bcast, Reduce, Alltoall and Alltoallv; alltoallv is
+ringtree's alltoall given counts: rank s sends rank d 1 + (s + d) mod N shares of the size, so
+that blocks differ while every rank sends and receives the size).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm makes one call from the input, whose result is checked
@@ -59,7 +61,8 @@ from .measure import across_ranks, exact_data, exact_inputs, in_pass_order, tabl
 
 ROUNDTRIP = "roundtrip"
 NAMES = [*dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms), "auto", NATIVE, ROUNDTRIP]
-COLLECTIVES = list(GENERATORS)
+COLLECTIVES = [*GENERATORS, "alltoallv"]
+UNEVEN = {"alltoallv": "alltoall"}  # a collective bench times given counts: the one it is
 REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives that take an op
 
 
@@ -95,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """UsageError for arguments that do not go together."""
     sizes_from_args(args)
-    known = GENERATORS[args.collective]
+    known = {name: algorithm for name, algorithm in GENERATORS[UNEVEN.get(args.collective, args.collective)].items()
+             if args.collective not in UNEVEN or name != "bruck"}  # Bruck takes blocks alike only
     if args.algorithms is None:
         args.algorithms = ["ring", "tree", "auto", NATIVE] if args.collective == "allreduce" else [
             *sorted(known), "auto", NATIVE]
@@ -134,8 +138,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     baseline = next((case for case in (NATIVE, ROUNDTRIP) if case in algorithms), None)
     if name == "allreduce":
         counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
-    else:  # every block of the same count: a size rounds down to a whole number of elements per rank
-        counts = sorted({max(1, nbytes // dtype.itemsize // size) * size for nbytes in sizes_from_args(args)})
+    else:  # every block of the same count (or share): a size rounds down to a whole number of them per rank
+        shares = size * (size + 1) // 2 if name in UNEVEN else size
+        counts = sorted({max(1, nbytes // dtype.itemsize // shares) * shares for nbytes in sizes_from_args(args)})
     if rank == 0:
         print(f"# ringtree bench{'' if name == 'allreduce' else ' ' + name}: {size} ranks, {dtype}"
               + (f", {op.value}" if redop is not None else "")
@@ -228,7 +233,8 @@ def _buffers(comm, name, count, dtype, op, cupy: bool):
     block = count // comm.Get_size()
     send, out = {"allreduce": (data, data.copy()), "reduce_scatter": (data, np.empty(block, dtype)),
                  "allgather": (data[:block].copy(), np.empty(count, dtype)), "broadcast": (None, data),
-                 "reduce": (data, np.empty(count, dtype)), "alltoall": (data, np.empty(count, dtype))}[name]
+                 "reduce": (data, np.empty(count, dtype)), "alltoall": (data, np.empty(count, dtype)),
+                 "alltoallv": (data, np.empty(count, dtype))}[name]
     if expected is None:
         original = out.copy()
         _call(comm, name, NATIVE, send, out, op, None)()
@@ -246,6 +252,7 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
     if algorithm == ROUNDTRIP:
         return _roundtrip(comm, data, out, op, inplace)
     send = MPI.IN_PLACE if inplace else data
+    sent, received = _uneven(comm, out.size) if name in UNEVEN else ((), ())
     if algorithm == NATIVE:
         mpi_op = MPI_OP.get(op)
         native = {"allreduce": lambda: comm.Allreduce(send, out, mpi_op),
@@ -253,7 +260,8 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
                   "allgather": lambda: comm.Allgather(send, out),
                   "broadcast": lambda: comm.Bcast(out, 0),
                   "reduce": lambda: comm.Reduce(send, out, mpi_op, 0),
-                  "alltoall": lambda: comm.Alltoall(send, out)}[name]
+                  "alltoall": lambda: comm.Alltoall(send, out),
+                  "alltoallv": partial(comm.Alltoallv, [send, sent], [out, received])}[name]
         call = native
         if op is ReduceOp.AVG and name in REDUCING:
             def call():
@@ -267,7 +275,8 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
                 "allgather": lambda: collectives.allgather(send, out, **options),
                 "broadcast": lambda: collectives.broadcast(out, 0, **options),
                 "reduce": lambda: collectives.reduce(send, out, op, 0, **options),
-                "alltoall": lambda: collectives.alltoall(send, out, **options)}[name]
+                "alltoall": lambda: collectives.alltoall(send, out, **options),
+                "alltoallv": lambda: collectives.alltoall(send, out, sent, received, **options)}[name]
     if not cupy:
         return call
     import cupy as cp
@@ -276,6 +285,14 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
         call()
         cp.cuda.get_current_stream().synchronize()
     return until_done
+
+
+def _uneven(comm, count: int) -> tuple[list[int], list[int]]:
+    """alltoallv's (sendcounts, recvcounts) of `count` elements a rank: rank s sends rank d 1 + (s + d) mod N
+    shares, which add up to the same in every row and column."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    share = count // (n * (n + 1) // 2)
+    return [share * (1 + (r + d) % n) for d in range(n)], [share * (1 + (s + r) % n) for s in range(n)]
 
 
 def _roundtrip(comm, data, out, op, inplace):

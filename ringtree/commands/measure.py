@@ -103,7 +103,7 @@ def bus_factor(collective: str, nranks: int) -> float:
     """busbw / algbw, as nccl-tests has it: what each rank's links carry of the size, at best."""
     if collective == "allreduce":
         return 2 * (nranks - 1) / nranks
-    return (nranks - 1) / nranks if collective in ("reduce_scatter", "allgather", "alltoall") else 1.0
+    return (nranks - 1) / nranks if collective in ("reduce_scatter", "allgather", "alltoall", "alltoallv") else 1.0
 
 
 def table_rows(comm, collective: str, algorithms, count: int, dtype, op, passes: list[tuple[dict, dict]],

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..errors import MismatchError
 from ..ops import ReduceOp
-from .small import small_allreduce
+from .small import small_allreduce, stepwise_run
+from .threads import get_ident
 
 __all__ = ["count_matrix"]
 
@@ -19,17 +20,22 @@ def count_matrix(state, sent: tuple[int, ...], received: tuple[int, ...], timeou
     size, else the N×N matrix row by row. MismatchError on every rank where two ranks' counts differ;
     nothing of the data has been sent then, so the communicator stays usable."""
     size, rank = state.size, state.rank
-    mine = np.zeros(size * 2 * size, np.int64)  # flat, as small_allreduce takes it
-    mine.reshape(size, 2, size)[rank] = sent, received
-    every = np.empty_like(mine)
-    small_allreduce(state, mine, every, ReduceOp.SUM, timeout)
-    every = every.reshape(size, 2, size)
-    rows, columns = every[:, 0, :], every[:, 1, :].T  # columns[s, d]: what rank d expects from rank s
-    wrong = np.argwhere(rows != columns)
-    if wrong.size:
-        described = [f"rank {s} sends rank {d} {rows[s, d]} elements, rank {d} expects {columns[s, d]}"
-                     for s, d in wrong[:4].tolist()]
+    arrays = state.exchanging.get(get_ident())
+    if arrays is None:  # made once per thread, with their run bound to them (a third of the exchange's time)
+        mine = np.zeros(2 * size * size, np.int64)  # rank r's row, then its column, in its slot
+        every = np.empty_like(mine)
+        arrays = state.exchanging[get_ident()] = (mine, every, stepwise_run(state, mine, every, ReduceOp.SUM))
+    mine, every, bound = arrays
+    mine[2 * size * rank:2 * size * (rank + 1)] = sent + received
+    small_allreduce(state, mine, every, ReduceOp.SUM, timeout, bound)
+    table = every.tolist()  # lists, not arrays: at these sizes each numpy call costs more than the loop
+    rows = [table[2 * size * s:2 * size * s + size] for s in range(size)]
+    expected = [table[2 * size * d + size:2 * size * (d + 1)] for d in range(size)]  # [d][s]: d's from s
+    if any(rows[s][d] != expected[d][s] for s in range(size) for d in range(size)):
+        wrong = [(s, d) for s in range(size) for d in range(size) if rows[s][d] != expected[d][s]]
+        described = [f"rank {s} sends rank {d} {rows[s][d]} elements, rank {d} expects {expected[d][s]}"
+                     for s, d in wrong[:4]]
         raise MismatchError(f"ringtree alltoall on rank {rank}: the ranks' counts differ: " + "; ".join(described)
                             + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else ""))
-    counts = tuple(int(c) for c in rows.ravel())
+    counts = tuple(count for row in rows for count in row)
     return counts[:size] if counts.count(counts[0]) == len(counts) else counts

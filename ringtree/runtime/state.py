@@ -105,6 +105,7 @@ class CommState:
         self.caller, self.to_confirm = thread_token(), 0
         self.unconfirmed = True
         self.confirming: dict = {}  # thread -> the byte its confirmations allreduce and their bound run (small.py)
+        self.exchanging: dict = {}  # thread -> the arrays its alltoalls' counts are summed in and their bound run (counts.py)
         self.answers: list = []  # replies and signatures in flight to other ranks
         self.raised: set = set()  # the ranks that raised MismatchError on it (mismatch.py)
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write

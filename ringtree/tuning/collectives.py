@@ -21,14 +21,17 @@ __all__ = ["NATIVE", "choose", "rules_for"]
 def choose(collective: str, nbytes: int, nranks: int, algorithm: str = "auto", segment: int | None = None,
            native: bool = True, matrix: bool = False) -> Choice:
     """The algorithm and segment size for `collective` of `nbytes` on `nranks` ranks; `native`: whether
-    MPI's own can run it; `matrix`: an alltoall of a count matrix, which Bruck does not take."""
+    MPI's own can run it; `matrix`: an alltoall of a count matrix, which auto gives to pairwise (Bruck
+    does not take one; MPI's own Ialltoallv, polled, was the slower, docs/collectives.md)."""
     source = "call"
+    if matrix and algorithm == "auto":
+        algorithm, source = "pairwise", "a count matrix"
     if algorithm == "auto":
         origin, rules = rules_for(collective, nranks, native)
         # The first rule whose sizes reach this one; past the largest size measured, the last rule.
         i, rule = next(((i, rule) for i, rule in enumerate(rules) if rule["bytes"][1] is None
                         or nbytes <= rule["bytes"][1]), (len(rules) - 1, rules[-1]))
-        algorithm = "pairwise" if matrix and rule["algorithm"] == "bruck" else rule["algorithm"]
+        algorithm = rule["algorithm"]
         source = f"table {origin} {collective} {'rules' if native else 'without_native'} {i}"
         if segment is None:
             segment = rule["segment"] or nbytes
