@@ -256,3 +256,4 @@ def test_ranks_that_disagree_on_the_block_size_all_get_an_error(comm):
         if f"ringtree alltoall on rank {comm.rank}" not in str(error):
             failures.append(str(error))
     assert_everywhere(comm, failures)
+

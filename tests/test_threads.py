@@ -13,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from conftest import assert_everywhere, run_mpiexec
+from ringtree import alltoall, ialltoall
 from ringtree.allreduce import allreduce, iallreduce
 
 # Sizes in int64 elements, 8 B to 4 MiB: the stepwise path, the engine unsplit and in segments, and MPI's own.
@@ -96,6 +97,52 @@ def test_threads_on_communicators_of_their_own_get_right_results_and_wait_on_eac
     # A job of its own: once a second thread has called, no ringtree call in the process waits inside
     # MPI any more (runtime/threads.py), which the other tests should not run under.
     run = run_mpiexec(nranks, "-c", textwrap.dedent(HAMMER), os.path.dirname(__file__), timeout=260)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def alltoalls_given_counts(comm):
+    """Two threads, each on a communicator of its own, blocking and started alltoalls given counts that
+    change from call to call: every result is the blocks the other ranks made for this one."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    comms = [comm.Dup() for _ in range(2)]
+    failures = []
+
+    def block(source, target, thread, call):  # what rank source sends rank target
+        return np.arange((source + target + thread + call) % 4, dtype=np.int64) + 100 * source + 10 * call
+
+    def work(thread):
+        try:
+            for call in range(40):
+                blocks = [block(rank, d, thread, call) for d in range(size)]
+                expected = np.concatenate([block(s, rank, thread, call) for s in range(size)])
+                sent, received = [b.size for b in blocks], [block(s, rank, thread, call).size for s in range(size)]
+                options = {"comm": comms[thread], "algorithm": "pairwise" if call % 3 else "auto"}
+                if call % 2:
+                    got = ialltoall(np.concatenate(blocks), None, sent, received, **options).wait()
+                else:
+                    got = alltoall(np.concatenate(blocks), None, sent, received, **options)
+                if not np.array_equal(got, expected):
+                    failures.append(f"thread {thread} call {call}: not the blocks sent")
+        except Exception as error:  # a failure in a thread must reach the assertion
+            failures.append(f"thread {thread}: {type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for own in comms:
+        own.Free()
+    assert_everywhere(comm, failures)
+
+
+ALLTOALLS = HAMMER.replace("hammer", "alltoalls_given_counts")
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_threads_on_communicators_of_their_own_exchange_the_counts_of_their_alltoalls_apart(nranks):
+    run = run_mpiexec(nranks, "-c", textwrap.dedent(ALLTOALLS), os.path.dirname(__file__), timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
