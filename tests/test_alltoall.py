@@ -230,6 +230,9 @@ def test_alltoall_given_counts_that_disagree_raises_on_every_rank_and_the_commun
      "recvcounts is None"),
     ("counts beyond sendbuf", lambda comm, x: ringtree.alltoall(x, None, [x.size + 1] * comm.size, [1] * comm.size,
                                                                 comm=comm), "too few for the"),
+    ("a persistent one without recvbuf", lambda comm, x: ringtree.alltoall_init(x, None, [1] * comm.size,
+                                                                              [1] * comm.size, comm=comm),
+     "needs recvbuf"),
 ])
 def test_bad_input_is_refused_before_any_message_and_buffers_are_left_alone(comm, what, call, message):
     if comm.size == 1 and what == "a count that does not split":

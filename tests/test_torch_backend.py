@@ -349,6 +349,27 @@ def test_ranks_that_disagree_on_a_count_all_get_ringtrees_mismatch_error(comm, d
     assert_everywhere(comm, failures)
 
 
+def test_ranks_whose_all_to_all_splits_disagree_all_get_ringtrees_mismatch_error_and_the_group_goes_on(comm, dist):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size < 2:
+        pytest.skip("needs two ranks to disagree")
+    send = [1 + rank] * size  # rank s sends every rank 1 + s rows; rank 1 expects one more from rank 0
+    receive = [1 + s + (rank == 1 and s == 0) for s in range(size)]
+    failures = []
+    try:
+        dist.all_to_all_single(torch.empty(sum(receive)), torch.ones(sum(send)), receive, send)
+        failures.append("no error")
+    except ringtree.MismatchError as error:
+        if "rank 0 sends rank 1 1 elements, rank 1 expects 2" not in str(error):
+            failures.append(str(error))
+    receive = [1 + s for s in range(size)]
+    out = torch.empty(sum(receive))
+    dist.all_to_all_single(out, torch.full((sum(send),), float(rank)), receive, send)
+    if not torch.equal(out, torch.cat([torch.full((1 + s,), float(s)) for s in range(size)])):
+        failures.append(f"the next call gave {out.tolist()}")
+    assert_everywhere(comm, failures)
+
+
 def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                torch.nn.Linear(64, 10))

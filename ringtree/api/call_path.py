@@ -302,7 +302,7 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
         if run is None and name in ROOTED and plan.native.collective.root is None:  # it shows the roots
             native, after = showing_roots(state, call, plan.native.op)
         elif run is None and name != "allreduce":
-            native = native_start(call, plan.native.op, state.rank)
+            native = native_start(call, plan.native.op)
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:

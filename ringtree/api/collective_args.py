@@ -194,9 +194,10 @@ def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Prepared:
     elif recvbuf is None:
         shape = np.shape(sendbuf) if _shaped(sendbuf) and counts is None else (receiving,)
         result = _new(sendbuf, backend, shape, source.dtype)
-        target, source = _flat_of(result), source[:sending]
+        target = _flat_of(result)
     else:
         target, result = _receiving(recvbuf, source, backend, None, receiving, "every rank's block"), recvbuf
+    if sending < source.size:  # counts that leave the end of sendbuf out
         source = source[:sending]
     return Prepared(collective, sum(collective.counts), source, target, False, backend, None, result, None,
                     _context(recvbuf if recvbuf is not None else sendbuf))

@@ -188,6 +188,10 @@ def alltoall_init(sendbuf, recvbuf, sendcounts=None, recvcounts=None, *, comm=No
     if sendcounts is None and recvcounts is None:
         return _persistent("alltoall", comm, algorithm, check, timeout, sendbuf, recvbuf)
     comm = MPI.COMM_WORLD if comm is None else comm
+    if recvbuf is None:  # before the exchange of counts, which the other ranks would wait in
+        with refusing(comm):
+            raise ValueError(f"ringtree alltoall_init on rank {comm.Get_rank()}: a persistent alltoall needs "
+                             "recvbuf: the result goes there at every Wait")
     exchanged = in_call(comm, with_count_matrix, comm, algorithm, None, check, timeout,
                         (sendbuf, recvbuf, sendcounts, recvcounts))
     return _persistent("alltoall", comm, algorithm, check, timeout, *exchanged)

@@ -84,9 +84,7 @@ def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype,
     comm.Set_name(f"{state.name} native")
     mpi_op = None if op is None else MPI_OP[op]
     buffer = received = request = None
-    # An alltoall of a count matrix has none: its counts change from call to call, and its plan with them.
-    if (collective is not None and count * dtype.itemsize <= PERSISTENT_MAX
-            and (collective.name != "alltoall" or collective.alike())):
+    if collective is not None and count * dtype.itemsize <= PERSISTENT_MAX:
         try:
             buffer, received, request = _persistent(collective, comm, count, dtype, mpi_op, state.rank, state.size)
         except NotImplementedError:  # an MPI before persistent collectives: the same on every rank
@@ -343,7 +341,7 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
         raise
 
 
-def native_start(call, op, rank: int):
+def native_start(call, op):
     """MPI's own nonblocking collective of a call of another collective than allreduce (`call`, a
     collective_args.Prepared), as a function of the communicator to start it on: its arguments made
     once, here, for every call of the repeat."""
@@ -358,15 +356,8 @@ def native_start(call, op, rank: int):
     whole, mine = _typed(target), _typed(source)
     if name == "broadcast":
         return lambda comm: comm.Ibcast(whole, root)
-    if name == "alltoall" and collective.alike():
+    if name == "alltoall":  # of blocks alike: auto gives a count matrix to pairwise (tuning/collectives.py)
         return lambda comm: comm.Ialltoall(mine, whole)
-    if name == "alltoall":  # Alltoallv's: this rank's row and column of the matrix, in bytes where it goes so
-        scale = target.itemsize if isinstance(whole, list) else 1
-        sent, received = (([size * scale for _, size in placed], [offset * scale for offset, _ in placed])
-                          for placed in collective.exchanged(rank))
-        sendbuf = [mine[0], sent, MPI.BYTE] if isinstance(mine, list) else [mine, sent]
-        recvbuf = [whole[0], received, MPI.BYTE] if isinstance(whole, list) else [whole, received]
-        return lambda comm: comm.Ialltoallv(sendbuf, recvbuf)
     sendbuf = MPI.IN_PLACE if call.inplace else mine
     if len(set(counts)) == 1:
         return lambda comm: comm.Iallgather(sendbuf, whole)
