@@ -220,12 +220,12 @@ def test_new_arrays_of_a_second_arrangement_of_a_shape_skip_the_checks_as_those_
                                                                                                 monkeypatch):
     """A shape's calls on new arrays with recvbuf given, then with a new result each call (another
     arrangement of the same shape, shapes.keep_shape): the second arrangement's calls go the full checks
-    (call_path._checked) no more often than the first's; every result MPI's own."""
+    (collective_args.checked, as call_path calls it) no more often than the first's; every result MPI's own."""
     from ringtree.api import call_path
 
     rank, size = comm.rank, comm.size
     local, failures, checked, full = comm.Dup(), [], [], {}
-    monkeypatch.setattr(call_path, "_checked", lambda *arguments, checks=call_path._checked: checked.append(1)
+    monkeypatch.setattr(call_path, "checked", lambda *arguments, checks=call_path.checked: checked.append(1)
                         or checks(*arguments))
     results = {"reduce_scatter": 2, "allgather": 2 * size * size, "reduce": 2 * size}
     for arrangement in ("recvbuf given", "new result"):

@@ -15,24 +15,21 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import settings
 from ..ops import known_op
 from ..runtime import agreement
-from ..runtime.again import AGAIN, keep_again, keep_new_result, may_keep, steps_runner
+from ..runtime.again import keep_again, keep_new_result, may_keep, steps_runner
 from ..runtime.backend import NumpyBackend
 from ..runtime.in_flight import IN_FLIGHT
 from ..runtime.mismatch import Signature, signature
 from ..runtime.native import NativeInFlight, native_runner, native_start, reduces, run_native, run_started, start_native
 from ..runtime.one_caller import in_call
 from ..runtime.plan import build_plan
-from ..runtime.refusal import refusing
 from ..runtime.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
 from ..runtime.shapes import (
     REPEATS,
     REPEATS_MAX,
     SHAPES,
     arguments_key,
-    forget_bound,
     keep_shape,
     of_arrangement,
     repeat_of,
@@ -41,17 +38,15 @@ from ..runtime.shapes import (
 )
 from ..runtime.small import confirm_end
 from ..runtime.stalls import watched
-from ..runtime.state import comm_state
 from ..runtime.stepwise import may_step
-from ..runtime.threads import THREADED, note_thread
+from ..runtime.threads import THREADED
 from ..runtime.transports import transport_for
 from ..runtime.trials import tuned_plan
 from ..tuning.collectives import NATIVE, choose
 from ..tuning.online import Tuner
 from ..tuning.selector import log_choice, select, table
 from .buffers import converted_call, is_plain_call
-from .checks import checked_timeout
-from .collective_args import Prepared, checked_call, with_count_matrix
+from .collective_args import Prepared, checked, checked_call, with_count_matrix
 from .request import Request
 
 __all__ = ["run"]
@@ -226,7 +221,8 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
             _agree(hit[0])
         return _bound(*hit, name, blocking, buffers, None, False, algorithm, segment, check, comm)
     given = timeout
-    call, state, current, timeout = _checked(name, comm, algorithm, segment, check, timeout, buffers)
+    call, state, current, timeout = checked(name, comm, timeout, partial(checked_call, name, comm, algorithm,
+                                                                         segment, check, *buffers))
     if key is not None and arranged is None:  # the first call: its checks read the settings its key names
         arranged = arguments_key(name, blocking, comm, algorithm, segment, check, given, buffers, True)
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
@@ -329,23 +325,6 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
             REPEATS.clear()
         REPEATS[key] = repeat
     return repeat
-
-
-def _checked(name, comm, algorithm, segment, check, timeout, buffers):
-    """(Prepared, the communicator's state, the settings, the timeout) of a call, its arguments checked."""
-    with refusing(comm):
-        call = checked_call(name, comm, algorithm, segment, check, *buffers)
-        if note_thread(comm) and any(AGAIN.values()):
-            forget_bound()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
-        try:
-            current = settings.current()
-        except settings.SettingError as error:
-            comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
-            raise settings.SettingError(f"ringtree {name} on rank {comm.Get_rank()}: {error}") from None
-        timeout = checked_timeout(timeout, comm, current.timeout, name)
-        state = comm_state(comm, timeout)
-    state.check_usable()
-    return call, state, current, timeout
 
 
 def _plan(state, call, collective, choice, sign, algorithm, segment, current, native_ok, timeout):

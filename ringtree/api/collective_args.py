@@ -5,6 +5,7 @@ ValueError naming the rank and leaves the buffers untouched."""
 from __future__ import annotations
 
 import numbers
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -12,15 +13,18 @@ from mpi4py import MPI
 
 from .. import settings, tensors
 from ..ops import ReduceOp, check_dtype, parse_op
+from ..runtime.again import AGAIN
 from ..runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
 from ..runtime.counts import count_matrix
 from ..runtime.refusal import refusing
+from ..runtime.shapes import forget_bound
 from ..runtime.state import comm_state
+from ..runtime.threads import note_thread
 from ..schedule.ir import ALLREDUCE, Collective, blocks
 from .buffers import as_array
 from .checks import check_comm, check_options, checked_timeout
 
-__all__ = ["Prepared", "checked_call", "prepared", "counts_of", "with_count_matrix"]
+__all__ = ["Prepared", "checked", "checked_call", "prepared", "counts_of", "with_count_matrix"]
 
 
 class Prepared(NamedTuple):
@@ -186,9 +190,7 @@ def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Prepared:
     source = _array(recvbuf if inplace else sendbuf, name, writable=inplace)
     backend = _backend(source, name, None)
     collective = Collective("alltoall", _counts(None, size, source.size, name) if counts is None else counts)
-    sending, receiving = (sum(c for _, c in placed) for placed in collective.exchanged(rank))
-    if sending > source.size:
-        raise ValueError(f"{name} has {source.size} elements, too few for the {sending} the counts send")
+    sending, receiving = (sum(c for _, c in placed) for placed in collective.exchanged(rank))  # counts_of checked them
     if inplace:  # blocks are written where others are still to be read: the input is read from a copy
         target, result, source = source[:receiving], recvbuf, source[:sending].copy()
     elif recvbuf is None:
@@ -203,9 +205,13 @@ def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Prepared:
                     _context(recvbuf if recvbuf is not None else sendbuf))
 
 
-def counts_of(comm, sendbuf, recvbuf, sendcounts, recvcounts) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(what this rank sends each rank, what it receives from each) of an alltoall given counts, checked
-    against its buffers; TypeError or ValueError naming the rank. In place, recvcounts are both."""
+def counts_of(comm, algorithm, segment, check, sendbuf, recvbuf, sendcounts,
+              recvcounts) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(what this rank sends each rank, what it receives from each) of an alltoall given counts, its
+    communicator, options and counts checked against its buffers (as checked_call checks a call);
+    TypeError or ValueError naming the rank. In place, recvcounts are both."""
+    check_comm(comm, "alltoall")
+    check_options("alltoall", comm, algorithm, segment, check)
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
         inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
@@ -303,17 +309,31 @@ def _counts(counts, size: int, total: int | None, name: str) -> tuple[int, ...]:
     return counts
 
 
+def checked(name: str, comm, timeout, prepare):
+    """(prepare(), the communicator's state, the settings, the timeout) of a call of collective `name`:
+    its arguments checked by `prepare` (checked_call, or counts_of for an alltoall's counts), then the
+    settings and the timeout; a refusal of any of them told to the other ranks."""
+    with refusing(comm):
+        arguments = prepare()
+        if note_thread(comm) and any(AGAIN.values()):
+            forget_bound()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
+        try:
+            current = settings.current()
+        except settings.SettingError as error:
+            comm_state(comm)  # a new communicator's set-up compares every rank's settings: none waits for this one
+            raise settings.SettingError(f"ringtree {name} on rank {comm.Get_rank()}: {error}") from None
+        timeout = checked_timeout(timeout, comm, current.timeout, name)
+        state = comm_state(comm, timeout)
+    state.check_usable()
+    return arguments, state, current, timeout
+
+
 def with_count_matrix(comm, algorithm, segment, check, timeout, buffers) -> tuple:
     """An alltoall's (sendbuf, recvbuf, sendcounts, recvcounts) as (sendbuf, recvbuf, the count matrix):
     the counts checked on this rank, then exchanged and compared (runtime/counts.py)."""
-    sendbuf, recvbuf, sendcounts, recvcounts = buffers
-    with refusing(comm):
-        check_comm(comm, "alltoall")
-        check_options("alltoall", comm, algorithm, segment, check)
-        sent, received = counts_of(comm, sendbuf, recvbuf, sendcounts, recvcounts)
-        timeout = checked_timeout(timeout, comm, settings.current().timeout, "alltoall")
-        state = comm_state(comm, timeout)
-    state.check_usable()
+    sendbuf, recvbuf = buffers[:2]
+    (sent, received), state, _, timeout = checked("alltoall", comm, timeout,
+                                                  partial(counts_of, comm, algorithm, segment, check, *buffers))
     return sendbuf, recvbuf, count_matrix(state, sent, received, timeout)
 
 

@@ -31,8 +31,8 @@ def count_matrix(state, sent: tuple[int, ...], received: tuple[int, ...], timeou
     table = every.tolist()  # lists, not arrays: at these sizes each numpy call costs more than the loop
     rows = [table[2 * size * s:2 * size * s + size] for s in range(size)]
     expected = [table[2 * size * d + size:2 * size * (d + 1)] for d in range(size)]  # [d][s]: d's from s
-    if any(rows[s][d] != expected[d][s] for s in range(size) for d in range(size)):
-        wrong = [(s, d) for s in range(size) for d in range(size) if rows[s][d] != expected[d][s]]
+    wrong = [(s, d) for s in range(size) for d in range(size) if rows[s][d] != expected[d][s]]
+    if wrong:
         described = [f"rank {s} sends rank {d} {rows[s][d]} elements, rank {d} expects {expected[d][s]}"
                      for s, d in wrong[:4]]
         raise MismatchError(f"ringtree alltoall on rank {rank}: the ranks' counts differ: " + "; ".join(described)
