@@ -43,6 +43,7 @@ class Settings:
     signatures: bool = True  # calls' signatures in their messages' tags, compared (runtime/mismatch.py)
     topology: str = "nodes"  # nodes: learn which ranks share a node; flat: treat all ranks as one node
     transport: str = "auto"  # how device memory moves: auto, ipc, direct or staged (runtime/transports.py)
+    shm: bool = False  # host memory between ranks of a node through ringtree's shared memory (runtime/shm.py)
 
 
 class Variable(NamedTuple):
@@ -144,6 +145,7 @@ VARIABLES = (
     Variable("RINGTREE_SIGNATURES", "signatures", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_TOPOLOGY", "topology", "nodes or flat", _topology),
     Variable("RINGTREE_TRANSPORT", "transport", "auto, ipc, direct or staged", _transport),
+    Variable("RINGTREE_SHM", "shm", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_STALL_WARNING", "stall_warning", "a positive number of seconds, or 0 or off", _stall_warning),
 )
 

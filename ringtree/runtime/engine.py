@@ -9,7 +9,9 @@ the schedule rely on MPI's non-overtaking rule. All collectives in flight share
 one list of requests (in_flight.py), so waiting on any of them progresses every one.
 
 Sends to a rank on another node are synchronous, and wait for a turn (remote_sends.py).
-Messages to IPC peers (ipc.py) are, like queued reductions, objects whose `done` moves them on.
+Messages to the peers of the call's transport (IPC between GPU ranks of a node, ipc.py; shared
+memory between host ranks of a node, shm.py) are, like queued reductions, objects whose `done`
+moves them on.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from ..schedule import OpKind
 from . import timeline
 from .compiled import CompiledSchedule
 from .in_flight import IN_FLIGHT, LOCK
-from .ipc import ipc_message
 from .mismatch import Signature
 
 __all__ = ["Execution"]
@@ -37,7 +38,7 @@ class Execution:
 
     __slots__ = ("compiled", "actions", "buffers", "reduce", "copy", "asynchronous", "state", "comm", "seq", "tag",
                  "signature", "finish", "timeout", "pending", "remaining", "done", "computes", "failed", "transport",
-                 "ipc_peers", "channels", "exported", "remote", "peer_keys", "released", "copies")
+                 "transport_peers", "channels", "exported", "remote", "peer_keys", "released", "copies")
 
     def __init__(self, compiled: CompiledSchedule, buffers: list, inplace: bool, reduce, copy,
                  state, signature: Signature, finish, timeout: float | None = None, asynchronous: bool = False,
@@ -48,7 +49,8 @@ class Execution:
         `signature`: the call's (mismatch.py), in every message's tag.
         `asynchronous`: `reduce` and `copy` may return, instead of None, something whose `done` turns
         true once the work they queued has finished (a CUDA event); the ops that depend on it wait
-        until then. `transport`: the call's IpcTransport, whose peers' messages go by IPC, or None."""
+        until then. `transport`: the call's IpcTransport or ShmTransport, which carries the messages to
+        and from its peers, or None."""
         self.compiled = compiled
         self.actions = compiled.in_place_actions if inplace else compiled.actions
         self.buffers = buffers
@@ -68,7 +70,7 @@ class Execution:
         self.failed: Exception | None = None  # the error it was abandoned with, in whichever thread's poll
         self.computes: deque[int] = deque()
         self.transport = transport
-        self.ipc_peers = frozenset() if transport is None else transport.peers
+        self.transport_peers = frozenset() if transport is None else transport.peers
         self.channels: dict = {}  # per IPC peer: its ipc.Channel
         self.exported: dict = {}  # for the IPC transport: each buffer's export, looked up once per call
         self.remote, self.peer_keys = state.remote, state.peer_keys
@@ -92,7 +94,7 @@ class Execution:
     def _run(self, ready: list[int]) -> None:
         """Post every ready message; then compute one ready op, and repeat."""
         actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending
-        channel_next, ipc_peers, remote = self.compiled.channel_next, self.ipc_peers, self.remote
+        channel_next, transport_peers, remote = self.compiled.channel_next, self.transport_peers, self.remote
         tracing = timeline.ACTIVE
         while True:
             while ready:
@@ -102,8 +104,8 @@ class Execution:
                 if kind is not SEND and kind is not RECV:
                     computes.append(i)
                     continue
-                if action[1] in ipc_peers:
-                    IN_FLIGHT.add_queued(self._by_ipc(kind, action[1], buffers[action[2]], action[3]), self, i)
+                if action[1] in transport_peers:
+                    IN_FLIGHT.add_queued(self._by_transport(kind, action[1], buffers[action[2]], action[3]), self, i)
                 elif kind is SEND:
                     if not remote[action[1]]:
                         IN_FLIGHT.add(self.comm.Isend([buffers[action[2]][action[3]], BYTE], action[1], self.tag),
@@ -147,9 +149,9 @@ class Execution:
             else:
                 self._finished(i, ready)
 
-    def _by_ipc(self, kind, peer: int, buffer, elements: slice):
+    def _by_transport(self, kind, peer: int, buffer, elements: slice):
         try:
-            return ipc_message(self, kind is SEND, peer, buffer, elements)
+            return self.transport.message(self, kind is SEND, peer, buffer, elements)
         except RuntimeError as error:  # the memory cannot be shared: this call cannot go on
             with LOCK:
                 raise IN_FLIGHT.abandon(self, error) from None
@@ -183,7 +185,7 @@ class Execution:
             timeline.completed(self, i)
         ready: list[int] = []
         self._finished(i, ready)
-        if action is not None and action[0] is SEND and self.remote[action[1]] and action[1] not in self.ipc_peers:
+        if action is not None and action[0] is SEND and self.remote[action[1]] and action[1] not in self.transport_peers:
             held = IN_FLIGHT.remote_sends.done(self.peer_keys[action[1]])
             if held is not None:
                 execution, op = held

@@ -17,6 +17,7 @@ from .failures import NOT_FAILED, error_classes, failing, job_ends, source, tran
 from .ipc import MessageError, WrongSize, mismatch
 from .mismatch import Watch
 from .remote_sends import RemoteSends
+from .shm import tick
 from .stalls import slot
 
 __all__ = ["InFlight", "IN_FLIGHT", "LOCK", "progress_others"]
@@ -116,6 +117,7 @@ class InFlight:
         raise self.abandon(execution, ours) from None
 
     def _poll_queued(self) -> bool:
+        moved = tick()  # shared-memory rings: a piece moved counts as progress, though no message completed
         done, running = [], []
         for entry in self.queued:
             try:
@@ -130,7 +132,7 @@ class InFlight:
             self.queued = running
             for _, execution, op in done:
                 execution.op_done(op)
-        return bool(done)
+        return bool(done) or moved
 
     def abandon(self, execution, error: Exception) -> Exception:
         """Give up on `execution`: cancel its receives (and its sends, when a peer failed: else MPI
@@ -148,12 +150,12 @@ class InFlight:
             except MPI.Exception:
                 pass  # a peer failed, or the communicator is revoked: nothing more to undo
         for work, owner, _ in self.queued:
-            if owner is execution and hasattr(work, "cancel"):  # IPC messages
+            if owner is execution and hasattr(work, "cancel"):  # messages of a transport
                 work.cancel()
         self.remote_sends.drop(execution)
         freed = [execution.peer_keys[action[1]] for action in (execution.actions[op] for owner, op in self.owners
                                                               if owner is execution)
-                 if action[0] is SEND and execution.remote[action[1]] and action[1] not in execution.ipc_peers]
+                 if action[0] is SEND and execution.remote[action[1]] and action[1] not in execution.transport_peers]
         keep = [k for k, (owner, _) in enumerate(self.owners) if owner is not execution]
         self.requests = [self.requests[k] for k in keep]
         self.owners = [self.owners[k] for k in keep]

@@ -168,6 +168,9 @@ class IpcTransport:
             self.stats["opened"] += 1
         return mapped[offset:offset + nbytes].view(dtype), nbytes
 
+    def message(self, execution, send: bool, peer: int, buffer, elements: slice):
+        return ipc_message(execution, send, peer, buffer, elements)
+
     def ack(self, peer: int, tag: int) -> None:
         self.acks = [request for request in self.acks if not request.Test()]
         self.acks.append(self.comm.Isend([ACK, BYTE], peer, tag))

@@ -39,7 +39,7 @@ class Plan(NamedTuple):
     stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
     peers: tuple  # the ranks the schedule exchanges with, for a stall warning
     signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
-    transport: object  # the IpcTransport of the peers reached by IPC (runtime/transports.py), or None
+    transport: object  # the IpcTransport or ShmTransport of the peers it reaches (runtime/transports.py), or None
     what: object = None  # the call as a stall warning names it (stalls.Call), made once by build_plan
     native: MPICollective | None = None  # MPI's own collective, where it runs the calls
 
@@ -92,7 +92,7 @@ def build_plan(state, backend, choice, collective: Collective, count: int, dtype
         transport, ipc_peers, choice = routed(state, backend, choice, segment)
         elements = max(1, choice.segment // dtype.itemsize) if choice.segment else 0
         shape = Shape(choice.algorithm, state.size, state.rank, count, elements, WINDOW, backend.staged,
-                      stepwise and not elements and not backend.asynchronous, collective,
+                      stepwise and not elements and not backend.asynchronous and transport is None, collective,
                       state.topology if state.topology.nodes > 1 else None, ipc_peers)
         plan = schedule_plan(shape, backend, reduce_op, dtype, sign, transport)
     return plan._replace(what=Call(state, count, dtype, sign.op, sign.algorithm, plan.peers))

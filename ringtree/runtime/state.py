@@ -26,6 +26,7 @@ from .backoff import wait_until
 from .in_flight import progress_others
 from .mismatch import TagLayout
 from .native import free_plan
+from .shm import SharedWindow
 from .threads import THREADED, thread_token
 
 _keyval: int | None = None
@@ -58,11 +59,12 @@ class CommState:
             stalls.watch(current.stall_warning)
             mine = (f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}, "
                     f"RINGTREE_SIGNATURES={int(current.signatures)}, RINGTREE_TOPOLOGY={current.topology}, "
-                    f"RINGTREE_TRANSPORT={current.transport}")
+                    f"RINGTREE_TRANSPORT={current.transport}, RINGTREE_SHM={int(current.shm)}")
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the Plan built on its first call
-        self.transports: dict = {}  # device layer -> its IpcTransport, or None (runtime/transports.py)
+        self.transports: dict = {}  # device layer (or "shm") -> its transport, or None (runtime/transports.py)
+        self.shared_window = None
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
         # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's).
         plain = MPI.Intracomm(comm)
@@ -93,6 +95,9 @@ class CommState:
         self.remote = tuple(node != here for node in self.hosts.node_of)
         # Per peer: whom its count of sends in flight is kept under, in every communicator alike.
         self.peer_keys = _world_ranks(self.comm)
+        # The node's shared window for host memory (shm.py), made with the communicator: every rank
+        # decides alike here, where a call whose ranks disagreed could hang in MPI's collective.
+        self.shared_window = SharedWindow(self.comm, [not far for far in self.remote]) if current.shm else None
         self.send_copies: dict = {}  # the engine's copies of sends to another node, by size, for reuse
         self.topology = self.hosts if current.topology == "nodes" else Topology.flat(self.size)
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
@@ -129,6 +134,8 @@ class CommState:
         for transport in self.transports.values():
             if transport is not None:
                 transport.close()
+        if self.shared_window is not None:
+            self.shared_window.free()
         self.comm.Free()
         self.control.Free()
 

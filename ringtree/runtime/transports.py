@@ -1,13 +1,14 @@
 """Which transport carries a call's messages to each peer.
 
-Host arrays: MPI, always. Device arrays (a backend with a device layer, `backend.ipc`):
+Host arrays: MPI, which shares memory between the ranks of a node itself; with
+RINGTREE_SHM=on, ringtree's own shared memory (shm.py) to the ranks of the same node
+(docs/performance.md: on the machines measured it was the slower). Device arrays (a backend with a device layer, `backend.ipc`):
 to a rank of the same node, CUDA IPC (ipc.py); to any other, MPI on device memory
 where the MPI is CUDA-aware, else staged through pinned host memory (the backend's
 `staged`). RINGTREE_TRANSPORT forces one: `ipc` (an error where the device layer
 is missing), `direct` or `staged` (no IPC). The node map is MPI's own
 (CommState.hosts), whatever RINGTREE_TOPOLOGY says. Every rank of a node decides
-alike, from settings all ranks are known to share; RINGTREE_DEBUG=1 logs each
-peer's transport once per communicator.
+alike, from settings all ranks are known to share; RINGTREE_DEBUG=1 logs each peer's transport once per communicator.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ import logging
 from .. import settings
 from ..debug import log
 from .ipc import IpcTransport
+from .shm import ShmTransport
 
 __all__ = ["transport_for", "routed"]
 
 
-def transport_for(state, backend) -> IpcTransport | None:
-    """The IPC transport of `state`'s communicator for `backend`'s arrays, or None where no peer is
-    reached by IPC."""
+def transport_for(state, backend):
+    """The transport of `state`'s communicator for `backend`'s arrays (an IpcTransport or
+    ShmTransport), or None where every peer is reached by MPI."""
+    if not backend.device:
+        return _shared_memory(state)
     layer = backend.ipc
     mode = settings.current().transport
-    if mode == "ipc" and layer is None and backend.device:
+    if mode == "ipc" and layer is None:
         name = backend.__name__ if isinstance(backend, type) else type(backend).__name__
         raise RuntimeError(f"ringtree on rank {state.rank}: RINGTREE_TRANSPORT=ipc, but {name} has no IPC layer "
                            "here (RINGTREE_DEBUG=1 says why)")
@@ -43,14 +47,29 @@ def transport_for(state, backend) -> IpcTransport | None:
     return state.transports[layer]
 
 
+def _shared_memory(state) -> ShmTransport | None:
+    window = state.shared_window
+    if window is None:
+        return None
+    if "shm" not in state.transports:
+        transport = ShmTransport(window, state.rank) if window.peers - {state.rank} else None
+        state.transports["shm"] = transport
+        if log.isEnabledFor(logging.INFO):
+            peers = transport.peers if transport is not None else frozenset()
+            log.info("host transports on %s: %s", state.name, ", ".join(
+                f"rank {r}: {'self' if r == state.rank else 'shared memory' if r in peers else 'MPI'}"
+                for r in range(state.size)))
+    return state.transports["shm"]
+
+
 def routed(state, backend, choice, segment: int | None):
-    """The call's IPC transport (or None), its IPC peers, and `choice` unsegmented where every peer is
-    reached by IPC and the caller left the segment open: there each message costs a header, an ack
-    and a copy's launch (tens of microseconds of Python and CUDA), and copies and reductions share
-    the devices' memory anyway."""
+    """The call's transport (or None), the peers whose messages are never staged (IPC's), and
+    `choice` unsegmented where every peer is reached by IPC and the caller left the segment open:
+    there each message costs a header, an ack and a copy's launch (tens of microseconds of Python
+    and CUDA), and copies and reductions share the devices' memory anyway."""
     transport = transport_for(state, backend)
-    if transport is None:
-        return None, frozenset(), choice
+    if transport is None or not backend.device:
+        return transport, frozenset(), choice
     if segment is None and len(transport.peers) == state.size - 1:
         choice = choice._replace(segment=0)
     return transport, transport.peers, choice

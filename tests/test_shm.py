@@ -1,0 +1,132 @@
+"""The shared-memory transport (RINGTREE_SHM=on): host arrays between ranks of a node through rings
+in an MPI-3 shared window, against MPI's own on the same inputs. The whole correctness matrix also
+runs on it in scripts/test (the MPI tests of the collectives with RINGTREE_SHM=on)."""
+
+import threading
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from test_collectives import failures_on
+
+import ringtree
+from conftest import assert_everywhere
+from ringtree import settings
+from ringtree.algorithms import GENERATORS
+from ringtree.errors import MismatchError
+from ringtree.runtime.shm import SLOTS, ring_bytes
+from ringtree.runtime.state import comm_state
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def shared(monkeypatch):
+    """A communicator whose ringtree state was set up with RINGTREE_SHM=on."""
+    monkeypatch.setenv("RINGTREE_SHM", "on")
+    settings.reload()
+    mine = MPI.COMM_WORLD.Dup()
+    comm_state(mine)
+    monkeypatch.delenv("RINGTREE_SHM")
+    settings.reload()
+    yield mine
+    mine.Free()
+
+
+def _pieces(comm) -> int:
+    """The pieces this rank has taken out of its peers' rings on `comm`."""
+    transport = comm_state(comm).transports.get("shm")
+    return sum(inbox.count for inbox in transport.inboxes.values()) if transport else 0
+
+
+def test_the_transport_reaches_the_ranks_of_the_node_and_carries_every_message(shared):
+    failures = []
+    x = np.arange(100_000, dtype=np.int64) * (shared.rank + 1)
+    expected = np.empty_like(x)
+    shared.Allreduce(x, expected)
+    got = ringtree.allreduce(x, comm=shared, algorithm="ring")
+    if not np.array_equal(got, expected):
+        failures.append("ring allreduce differs from MPI's")
+    transport = comm_state(shared).transports["shm"]
+    peers = set(range(shared.size)) - {shared.rank}  # one node here
+    if shared.size > 1 and (transport is None or set(transport.peers) != peers):
+        failures.append(f"shared-memory peers {transport and sorted(transport.peers)}, expected {sorted(peers)}")
+    elif shared.size > 1 and _pieces(shared) < 2:  # 800 kB in a ring whose pieces are smaller
+        failures.append(f"{_pieces(shared)} pieces went through shared memory")
+    assert_everywhere(shared, failures)
+
+
+@pytest.mark.parametrize("name", sorted(set(GENERATORS) - {"allreduce"}))
+def test_every_algorithm_of_every_collective_gives_mpi_s_result(shared, name):
+    failures = []
+    for algorithm in ["auto", *sorted(GENERATORS[name])]:
+        for segment in (None, 64):
+            failures += failures_on(shared, name, algorithm, segment, lambda x: x, lambda x: x)
+    assert_everywhere(shared, failures)
+
+
+@pytest.mark.parametrize("algorithm", sorted(GENERATORS["allreduce"]))
+def test_every_allreduce_wraps_its_rings_many_times_and_gives_mpi_s_result(shared, algorithm):
+    count = 3 * ring_bytes(max(1, shared.size - 1)) // 8 + 5  # messages of several rings' worth, not whole pieces
+    failures = []
+    for segment in (None, 100_000):
+        x = ((np.arange(count) * (shared.rank + 3)) % 101 - 50).astype(np.int64)
+        expected = np.empty_like(x)
+        shared.Allreduce(x, expected)
+        got = ringtree.allreduce(x, comm=shared, algorithm=algorithm, segment=segment)
+        if not np.array_equal(got, expected):
+            failures.append(f"{algorithm} segment {segment}: differs from MPI's")
+    assert_everywhere(shared, failures)
+
+
+def test_calls_in_flight_together_share_the_rings_and_finish_in_any_order(shared):
+    # Messages of several calls interleave in one ring; a message whose receive is posted late is kept.
+    arrays = [np.full(50_000 + 1000 * k, shared.rank + k, np.int64) for k in range(6)]
+    requests = [ringtree.iallreduce(x, comm=shared, algorithm="ring", segment=8192) for x in arrays]
+    failures = []
+    for k in reversed(range(6)):
+        got = requests[k].wait()
+        expected = sum(r + k for r in range(shared.size))
+        if not (got == expected).all():
+            failures.append(f"call {k}: {got[:3]} where every element is {expected}")
+    assert_everywhere(shared, failures)
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="needs a peer")
+def test_ranks_that_pass_different_counts_get_mismatch_error_not_a_hang(shared):
+    x = np.ones(SLOTS * 1000 + shared.rank, np.float64)
+    with pytest.raises(MismatchError):
+        ringtree.allgather(x, comm=shared, algorithm="ring", timeout=60)
+
+
+def test_threads_on_communicators_of_their_own_share_no_ring(shared):
+    comms = [shared.Dup() for _ in range(2)]
+    for comm in comms:
+        comm_state(comm)  # set up in turn here: the window is made with the communicator's state
+    failures = []
+
+    def work(comm, k):
+        for _ in range(20):
+            x = np.arange(30_000, dtype=np.int64) + comm.rank + k
+            got = ringtree.allreduce(x, comm=comm, algorithm="ring", segment=4096)
+            expected = np.arange(30_000) * comm.size + sum(range(comm.size)) + k * comm.size
+            if not np.array_equal(got, expected):
+                failures.append(f"thread {k}: differs")
+                return
+
+    threads = [threading.Thread(target=work, args=(comm, k)) for k, comm in enumerate(comms)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for comm in comms:
+        comm.Free()
+    assert_everywhere(shared, failures)
+
+
+def test_without_the_setting_host_arrays_go_by_mpi(comm):
+    mine = comm.Dup()
+    ringtree.allreduce(np.ones(100_000), comm=mine, algorithm="ring")
+    state = comm_state(mine)
+    assert state.shared_window is None and state.transports.get("shm") is None
+    mine.Free()
