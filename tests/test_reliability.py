@@ -380,6 +380,22 @@ def test_a_rank_that_dies_is_named_and_the_job_ends_even_when_the_launcher_would
 
 
 @one_rank_only
+@pytest.mark.skipif("MPICH" not in MPI.Get_library_version(), reason="-disable-auto-cleanup is MPICH's launcher's")
+def test_a_rank_that_dies_is_named_also_where_no_mpi_message_goes_to_it(tmp_path):
+    # Through ringtree's shared memory no MPI message with the dead rank fails: its process is looked for.
+    started = time.perf_counter()
+    run = run_mpiexec(3, "-c", textwrap.dedent(DIES_AND_REPORTS), str(tmp_path), options=["-disable-auto-cleanup"],
+                      env={"RINGTREE_SHM": "on"}, timeout=90)
+    assert run.returncode != 0
+    assert time.perf_counter() - started < 60
+    reports = [path.read_text() for path in sorted(tmp_path.glob("rank-*.txt"))]
+    assert reports, run.stderr
+    for report in reports:
+        assert "the process of rank 1, which this rank reaches through shared memory, has ended" in report, report
+        assert "ringtree ends the job (MPI_Abort) when this process exits" in report, report
+
+
+@one_rank_only
 @pytest.mark.skipif("Open MPI" not in MPI.Get_library_version(),
                     reason="ULFM fault tolerance is Open MPI's (mpiexec --with-ft ulfm); this MPI is another")
 def test_survivors_get_peer_failure_and_go_on_with_a_shrunk_communicator(tmp_path):

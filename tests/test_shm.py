@@ -14,7 +14,8 @@ from conftest import assert_everywhere
 from ringtree import settings
 from ringtree.algorithms import GENERATORS
 from ringtree.errors import MismatchError
-from ringtree.runtime.shm import SLOTS, ring_bytes
+from ringtree.runtime.shared_window import SLOTS, ring_bytes
+from ringtree.runtime.shm import DIRECT_MIN_BYTES
 from ringtree.runtime.state import comm_state
 
 pytestmark = pytest.mark.mpi
@@ -89,6 +90,49 @@ def test_calls_in_flight_together_share_the_rings_and_finish_in_any_order(shared
         expected = sum(r + k for r in range(shared.size))
         if not (got == expected).all():
             failures.append(f"call {k}: {got[:3]} where every element is {expected}")
+    assert_everywhere(shared, failures)
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="needs a peer")
+@pytest.mark.parametrize("nbytes", [4096, 3 * DIRECT_MIN_BYTES])
+def test_a_message_that_blocks_another_call_s_in_its_ring_is_kept_and_both_calls_finish(shared, nbytes):
+    # Rank 0 waits for its first call before it starts the second; the others start both at once, so
+    # pieces of the second wait in rank 0's rings in front of the first's last ones.
+    count = nbytes * shared.size // 8
+    first, second = (np.arange(count, dtype=np.int64) * (shared.rank + 1) + k for k in range(2))
+    if shared.rank == 0:
+        got = [ringtree.iallreduce(first, comm=shared, algorithm="ring", segment=nbytes // 4).wait()]
+        got.append(ringtree.iallreduce(second, comm=shared, algorithm="ring", segment=nbytes // 4).wait())
+    else:
+        requests = [ringtree.iallreduce(x, comm=shared, algorithm="ring", segment=nbytes // 4) for x in (first, second)]
+        got = [request.wait() for request in requests]
+    failures = [f"call {k} differs" for k in range(2)
+                if not np.array_equal(got[k], np.arange(count) * sum(range(1, shared.size + 1)) + k * shared.size)]
+    kept = sum(inbox.messages_kept for inbox in comm_state(shared).transports["shm"].inboxes.values())
+    if shared.rank == 0 and not kept:
+        failures.append("no message was kept: the test did not block a ring")
+    assert_everywhere(shared, failures)
+
+
+@pytest.mark.parametrize("nbytes", [DIRECT_MIN_BYTES - 8, 3 * DIRECT_MIN_BYTES])
+def test_large_messages_are_read_where_they_are_also_before_their_receive_is_posted(shared, nbytes):
+    window = comm_state(shared).shared_window
+    me = window.node.Get_rank() if window.window is not None else 0
+    readable = window.window is not None and all(window.reads(k, me) for k in range(window.count))
+    count = nbytes * shared.size // 8
+    arrays = [np.arange(count, dtype=np.int64) * (shared.rank + 1) + k for k in range(4)]
+    requests = [ringtree.iallreduce(x, comm=shared, algorithm="ring", segment=1 << 30) for x in arrays]
+    failures = []
+    for k in reversed(range(4)):
+        expected = np.arange(count) * sum(range(1, shared.size + 1)) + k * shared.size
+        if not np.array_equal(requests[k].wait(), expected):
+            failures.append(f"call {k} of {nbytes} bytes a message: differs")
+    transport = comm_state(shared).transports["shm"]  # None on one rank: no peer
+    direct = sum(inbox.read_directly for inbox in transport.inboxes.values()) if transport else 0
+    if shared.size > 1 and not readable:
+        failures.append("a rank of the node cannot read another's memory (as root on Linux it can)")
+    elif shared.size > 1 and (direct > 0) != (nbytes >= DIRECT_MIN_BYTES):
+        failures.append(f"{direct} messages of {nbytes} bytes read where the peer keeps them")
     assert_everywhere(shared, failures)
 
 

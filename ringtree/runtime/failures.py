@@ -9,7 +9,7 @@ from mpi4py import MPI
 from ..debug import log
 from ..errors import MismatchError, PeerFailure
 
-__all__ = ["PEER_FAILED", "error_classes", "failing", "job_ends", "source", "translated", "wrong_size"]
+__all__ = ["PEER_FAILED", "error_classes", "failing", "job_ends", "peer_gone", "source", "translated", "wrong_size"]
 
 PEER_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
 NOT_FAILED = (MPI.SUCCESS, MPI.ERR_PENDING)
@@ -76,14 +76,27 @@ def _peer_lost(comm, collective: str, peer: int | None, error_class: int) -> Pee
     launcher may not end the job before this rank's MPI_Finalize waits for it forever. End the job
     when this process exits. (MPICH's revoke without fault tolerance crashes or hangs the survivors'
     requests, so no revoke.)"""
-    if not _ENDING_THE_JOB:
-        _ENDING_THE_JOB.append(comm.Get_rank())
-        atexit.register(_end_the_job)  # after mpi4py's own exit handler, so it runs before MPI_Finalize
+    _end_the_job_at_exit(comm)
     which = f"rank {peer}" if peer is not None else "a rank"
     return PeerFailure(f"ringtree {collective} on rank {comm.Get_rank()}: the MPI failed a message with {which} "
                        f"({MPI.Get_error_string(error_class)}): that rank has most likely died. This MPI cannot go "
                        "on without it, so ringtree ends the job (MPI_Abort) when this process exits",
                        [] if peer is None else [peer])
+
+
+def peer_gone(comm, collective: str, peer: int) -> PeerFailure:
+    """A rank of this node that the call reaches through shared memory (shm.py), where MPI sees no
+    message to fail, has no process any more: end the job when this process exits, as _peer_lost."""
+    _end_the_job_at_exit(comm)
+    return PeerFailure(f"ringtree {collective} on rank {comm.Get_rank()}: the process of rank {peer}, which this "
+                       "rank reaches through shared memory, has ended. This MPI cannot go on without it, so ringtree "
+                       "ends the job (MPI_Abort) when this process exits", [peer])
+
+
+def _end_the_job_at_exit(comm) -> None:
+    if not _ENDING_THE_JOB:
+        _ENDING_THE_JOB.append(comm.Get_rank())
+        atexit.register(_end_the_job)  # after mpi4py's own exit handler, so it runs before MPI_Finalize
 
 
 _ENDING_THE_JOB: list[int] = []  # this process's rank on the communicator that lost a peer, once it has

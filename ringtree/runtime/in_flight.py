@@ -17,7 +17,7 @@ from .failures import NOT_FAILED, error_classes, failing, job_ends, source, tran
 from .ipc import MessageError, WrongSize, mismatch
 from .mismatch import Watch
 from .remote_sends import RemoteSends
-from .shm import tick
+from .shm import ShmTransport, tick
 from .stalls import slot
 
 __all__ = ["InFlight", "IN_FLIGHT", "LOCK", "progress_others"]
@@ -214,7 +214,8 @@ class InFlight:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up,
-                                      announce=execution.signature.collective != "allreduce")
+                                      announce=execution.signature.collective != "allreduce",
+                                      shared=execution if type(execution.transport) is ShmTransport else None)
                     watch.look()
         finally:
             waiting[0] = None

@@ -37,6 +37,7 @@ from ..algorithms import REGISTRY
 from ..errors import MismatchError
 from ..ops import ReduceOp
 from .backoff import Backoff
+from .failures import peer_gone
 
 __all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "refused", "ranks_text",
            "differing", "CALL", "REFUSED"]
@@ -142,17 +143,20 @@ class Evidence(Exception):
 class Watch:
     """A wait in one call, looking for signs of a mismatch while idle: `look()` between polls."""
 
-    __slots__ = ("state", "seq", "signature", "started", "announced", "give_up", "compare")
+    __slots__ = ("state", "seq", "signature", "started", "announced", "give_up", "compare", "shared")
 
     def __init__(self, state, seq: int, signature: Signature, give_up=None, announce: bool = False,
-                 compare: bool = True) -> None:
+                 compare: bool = True, shared=None) -> None:
         """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up).
         `announce`: a wait in MPI's own allreduce, whose messages show nothing of its call, tells the
         others which call it is in once idle ANNOUNCE_SECONDS. `compare=False`: a wait in the
         comparison of the call's arguments (agreement.agree), which compares them itself, looks
         only for a rank's word that it raised or refused the call: the plan, whose signature tags
-        the messages of ranks already past the comparison, may be one made for an earlier call."""
+        the messages of ranks already past the comparison, may be one made for an earlier call.
+        `shared`: the call's engine.Execution where its messages go by shared memory (shm.py): its
+        rings are looked in as well, and the processes it waits for."""
         self.state, self.seq, self.signature, self.give_up = state, seq, signature, give_up
+        self.shared = shared
         self.started = time.perf_counter()
         self.announced = not announce
         self.compare = compare
@@ -187,6 +191,20 @@ class Watch:
             if tag == layout.notice_of(seq) or (self.compare and tag // layout.codes == seq % layout.calls
                                                 and tag != mine):
                 self.fail(_seen(source, tag, layout))
+            if tag == mine and self.shared is not None and source in self.shared.transport.peers:
+                self.fail(f"rank {source} sends this call's messages by MPI where this rank uses shared memory: "
+                          "does it pass device arrays where this rank passes host arrays?")
+        if self.shared is not None:
+            transport = self.shared.transport
+            for source, tag in transport.arrived_tags():
+                if self.compare and tag // layout.codes == seq % layout.calls and tag != mine:
+                    self.fail(_seen(source, tag, layout))
+            gone = transport.gone(self.shared.peers_waited_for())
+            if gone:  # no MPI message with it fails: its process is looked for
+                error = peer_gone(state.comm, self.signature.collective, gone[0])
+                if self.give_up is not None:
+                    self.give_up(error)
+                raise error
         if not self.announced and time.perf_counter() - self.started > ANNOUNCE_SECONDS:
             self.announced = state.announced = True  # state.free keeps the communicators: the others may not take it
             _tell(state, seq, self.signature, False)

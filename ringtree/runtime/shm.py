@@ -11,7 +11,10 @@ so a message's pieces are consecutive in its ring. Each piece carries its messag
 tag (the call's) and size: the receiver gives it to the oldest unfinished receive of
 that tag from that rank, and keeps a piece that comes before its receive is posted
 in a message of its own (as MPI keeps an unexpected message), so that a ring never
-waits for a receive.
+waits for a receive. A message of DIRECT_MIN_BYTES or more, to a peer that can read
+this rank's memory, goes as one piece that says where it lies: the receiver copies
+it from there (cross_memory.py) before it consumes the piece, and the send is done
+once the piece is consumed.
 
 Memory ordering. The writer copies a piece and its header into a free slot, then
 `Win_sync`, then stores its count of pieces written; the reader loads that count,
@@ -29,25 +32,21 @@ to move backs off as every wait does.
 
 from __future__ import annotations
 
-import atexit
+import os
 import time
 from collections import deque
 
 import numpy as np
-from mpi4py import MPI
 
-from .backoff import wait_until
+from .cross_memory import read
 from .ipc import WrongSize
+from .shared_window import SLOTS, SharedWindow
 
-__all__ = ["SharedWindow", "ShmTransport", "Sending", "Receiving", "RING_BYTES"]
+__all__ = ["ShmTransport", "Sending", "Receiving", "tick", "DIRECT_MIN_BYTES"]
 
-SLOTS = 4  # per ring
-RING_BYTES = (256 << 10, 1 << 20)  # the least and most bytes of one ring, as a node's ranks share 4 MiB each
-PER_RANK_BYTES = 4 << 20
-HEAD = 64  # bytes before a slot's data: tag, message bytes, piece bytes (int64), cache-line aligned
-COUNTER = 64  # a counter to a cache line of its own
-LIVE: list = []  # windows not yet freed, oldest first
-FREE_WAIT_SECONDS = 1.0  # for the node's other ranks to free the window too
+DIRECT = -1  # a piece that says where the message is, for the receiver to read it there (cross_memory.py)
+DIRECT_MIN_BYTES = 1 << 18  # smaller messages go through the slots
+EAGER_AFTER_SECONDS = 0.05  # without a ring moving, before messages whose receive is not posted are taken
 TICK = [0]  # polls of the collectives in flight: a transport moves its rings once per poll (tick())
 MOVED = [False]  # whether a ring moved since the last tick: progress for the waiter, as a completion is
 
@@ -59,80 +58,10 @@ def tick() -> bool:
     return moved
 
 
-def ring_bytes(peers: int) -> int:
-    """The bytes of one ring, where a rank writes to `peers` others: a power of two."""
-    low, high = RING_BYTES
-    size = high
-    while size > low and size * peers > PER_RANK_BYTES:
-        size //= 2
-    return size
-
-
-class SharedWindow:
-    """The node's shared window of one communicator; collective over the communicator."""
-
-    def __init__(self, comm: MPI.Comm, same_node: list) -> None:
-        """`same_node[r]`: whether rank r of `comm` is on this rank's node in ringtree's node map
-        (MPI's own may join more ranks, which the window then leaves out)."""
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.node = node
-        members = node.Get_group().Translate_ranks(list(range(node.Get_size())), comm.Get_group())
-        self.local = {rank: k for k, rank in enumerate(members) if same_node[rank]}  # comm rank -> node rank
-        self.window = None
-        LIVE.append(self)
-        if node.Get_size() < 2:
-            return
-        self.slot = ring_bytes(node.Get_size() - 1) // SLOTS
-        self.count = node.Get_size()
-        self.rings_at = 2 * COUNTER * self.count
-        self.window = MPI.Win.Allocate_shared(self.rings_at + self.count * SLOTS * self.slot, 1, comm=node)
-        self.window.Lock_all()  # the passive epoch in which Win_sync orders loads and stores
-        self.parts = [np.frombuffer(self.window.Shared_query(k)[0], np.uint8) for k in range(self.count)]
-
-    @property
-    def peers(self) -> frozenset:
-        return frozenset(self.local) if self.window is not None else frozenset()
-
-    def counter(self, owner: int, which: int, peer: int) -> np.ndarray:
-        """Node rank `owner`'s count (an int64 view) of pieces written to (which 0) or consumed from
-        (which 1) node rank `peer`."""
-        at = COUNTER * (which * self.count + peer)
-        return self.parts[owner][at:at + 8].view(np.int64)
-
-    def ring(self, owner: int, peer: int) -> np.ndarray:
-        """The slots node rank `owner` writes to node rank `peer`, one row each."""
-        at = self.rings_at + peer * SLOTS * self.slot
-        return self.parts[owner][at:at + SLOTS * self.slot].reshape(SLOTS, self.slot)
-
-    def free(self) -> None:
-        """Free the window where every rank of the node frees it too: a rank that keeps its state (a
-        call broke there, CommState.free) never would, and MPI's Win_free waits for every rank."""
-        if self not in LIVE:
-            return  # freed, or kept
-        LIVE.remove(self)
-        if self.window is not None:
-            everyone = self.node.Ibarrier()
-            deadline = time.perf_counter() + FREE_WAIT_SECONDS
-            wait_until(lambda: everyone.Test() or time.perf_counter() > deadline)
-            if not everyone.Test():
-                return  # kept, as that rank's state is
-            self.window.Unlock_all()
-            self.window.Free()
-        self.node.Free()
-
-
-def _free_all() -> None:
-    """At exit, before mpi4py finalizes MPI (whose network layer will not close while a window is
-    registered with it): the windows left, in the order every rank made them."""
-    if not MPI.Is_finalized():
-        for window in list(LIVE):
-            window.free()
-
-
 class Outbox:
     """This rank's ring to one peer: the messages to write into it, in posting order."""
 
-    __slots__ = ("slots", "written", "consumed", "count", "sending", "sync")
+    __slots__ = ("slots", "written", "consumed", "count", "sending", "sync", "direct")
 
     def __init__(self, window: SharedWindow, me: int, peer: int) -> None:
         self.slots = window.ring(me, peer)
@@ -141,6 +70,7 @@ class Outbox:
         self.count = int(self.written[0])
         self.sending: deque = deque()
         self.sync = window.window.Sync
+        self.direct = window.reads(peer, me)  # the peer reads large messages out of this rank's memory
 
     def move(self) -> bool:
         """Write what the free slots take; say whether any piece went."""
@@ -151,12 +81,17 @@ class Outbox:
                 self.sync()  # the reader's copy out of the slot before this rank's copy into it
                 if self.count - int(self.consumed[0]) >= SLOTS:
                     return moved
-            slot = self.slots[self.count % SLOTS]
+            head, body = self.slots[self.count % SLOTS]
             data = message.data
-            size = min(slot.size - HEAD, data.size - message.sent)
-            slot[HEAD:HEAD + size] = data[message.sent:message.sent + size]
-            slot[:24].view(np.int64)[:] = (message.tag, data.size, size)
-            message.sent += size
+            head[0], head[1] = message.tag, data.size
+            if message.piece == DIRECT:  # the peer reads it where it is: done once that piece is consumed
+                head[2], head[3] = DIRECT, data.ctypes.data
+                message.piece, message.sent = self.count, data.size
+            else:
+                size = min(body.size, data.size - message.sent)
+                body[:size] = data[message.sent:message.sent + size]
+                head[2] = size
+                message.sent += size
             self.count += 1
             self.sync()
             self.written[0] = self.count
@@ -178,10 +113,13 @@ class Arrival:
 class Inbox:
     """The peer's ring to this rank: pieces taken in order, each to its message."""
 
-    __slots__ = ("peer", "slots", "written", "consumed", "count", "posted", "kept", "current", "sync")
+    __slots__ = ("peer", "slots", "written", "consumed", "count", "posted", "kept", "current", "sync", "pid",
+                 "read_directly", "messages_kept")
 
     def __init__(self, window: SharedWindow, me: int, node_peer: int, peer: int) -> None:
         self.peer = peer
+        self.pid = window.pid(node_peer)
+        self.read_directly = self.messages_kept = 0  # messages read where the peer keeps them; kept
         self.slots = window.ring(node_peer, me)
         self.written = window.counter(node_peer, 0, me)
         self.consumed = window.counter(me, 1, node_peer)
@@ -191,16 +129,28 @@ class Inbox:
         self.current: Arrival | None = None  # the message whose pieces come next
         self.sync = window.window.Sync
 
-    def move(self) -> bool:
+    def move(self, eager: bool) -> bool:
+        """Take the pieces that have come, in order; a message whose receive is not posted yet only
+        when `eager` (it is then kept, at the cost of a copy), else it waits in the ring."""
         moved = False
         while int(self.written[0]) > self.count:
             self.sync()  # the slot's bytes as the writer left them before its count
-            slot = self.slots[self.count % SLOTS]
-            tag, total, size = (int(v) for v in slot[:24].view(np.int64))
+            head, body = self.slots[self.count % SLOTS]
+            tag, total, size, address = head.tolist()
             arrival = self.current
             if arrival is None:
+                if not eager and not self.posted.get(tag):
+                    return moved
                 arrival = self.current = self._begin(tag, total)
-            arrival.data[arrival.got:arrival.got + size] = slot[HEAD:HEAD + size]
+            if size == DIRECT:
+                try:
+                    read(self.pid, address, arrival.data)
+                except OSError as error:  # it could at set-up: the peer's process is gone
+                    raise RuntimeError(f"ringtree: cannot read rank {self.peer}'s memory: {error}") from None
+                size = total
+                self.read_directly += 1
+            else:
+                arrival.data[arrival.got:arrival.got + size] = body[:size]
             arrival.got += size
             self.count += 1
             self.sync()
@@ -222,6 +172,7 @@ class Inbox:
             return Arrival(tag, receiving.target, receiving)
         arrival = Arrival(tag, np.empty(total, np.uint8))
         self.kept.setdefault(tag, deque()).append(arrival)
+        self.messages_kept += 1
         return arrival
 
     def post(self, receiving) -> None:
@@ -250,9 +201,13 @@ class ShmTransport:
         self.outboxes = {p: Outbox(window, me, window.local[p]) for p in self.peers}
         self.inboxes = {p: Inbox(window, me, window.local[p], p) for p in self.peers}
         self.ticked = -1
+        self.last_moved = time.perf_counter()
 
     def progress(self) -> None:
-        """Move every ring, once per poll."""
+        """Move every ring, once per poll. A message whose receive is not posted waits in its ring (a
+        peer one call ahead would else cost a copy of every message), unless no ring has moved for
+        EAGER_AFTER_SECONDS: then calls in flight together may wait for each other's messages, which
+        MPI would match by tag in any order, and the rings are emptied into kept messages."""
         if self.ticked == TICK[0]:
             return
         self.ticked = TICK[0]
@@ -260,9 +215,23 @@ class ShmTransport:
         for outbox in self.outboxes.values():
             if outbox.sending:
                 moved |= outbox.move()
+        now = time.perf_counter()
+        eager = now - self.last_moved > EAGER_AFTER_SECONDS
         for inbox in self.inboxes.values():
-            moved |= inbox.move()
-        MOVED[0] |= moved
+            moved |= inbox.move(eager)
+        if moved:
+            self.last_moved = now
+            MOVED[0] = True
+
+    def arrived_tags(self) -> list[tuple[int, int]]:
+        """(peer, tag) of every message begun that no receive has taken yet: a call's that the
+        ranks differ on (mismatch.Watch)."""
+        return [(inbox.peer, tag) for inbox in self.inboxes.values() for tag, kept in inbox.kept.items() if kept]
+
+    def gone(self, peers) -> list[int]:
+        """Those of `peers` reached by this transport whose process has ended (or is a zombie, not yet
+        reaped by its launcher)."""
+        return [peer for peer in peers if peer in self.inboxes and not _alive(self.inboxes[peer].pid)]
 
     def message(self, execution, send: bool, peer: int, buffer, elements: slice):
         """A SEND (`send`) or RECV of `execution` (engine.py) with a peer of the node, as work the engine polls."""
@@ -275,22 +244,40 @@ class ShmTransport:
         """The window is the communicator's (CommState.free frees it)."""
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except ProcessLookupError:
+        return False
+    except OSError:  # no /proc, or no right to look: alive as far as this rank can tell
+        return True
+
+
 class Sending:
     """A SEND: done once its last piece is in the ring (the region may then change)."""
 
-    __slots__ = ("transport", "outbox", "tag", "data", "sent")
+    __slots__ = ("transport", "outbox", "tag", "data", "sent", "piece")
 
     def __init__(self, transport: ShmTransport, outbox: Outbox, tag: int, data: np.ndarray) -> None:
         self.transport, self.outbox, self.tag, self.data, self.sent = transport, outbox, tag, data, 0
+        # DIRECT: to be read where it is; then the number of the piece that says where
+        self.piece = DIRECT if outbox.direct and data.size >= DIRECT_MIN_BYTES else None
         outbox.sending.append(self)
         if len(outbox.sending) == 1:
             outbox.move()
 
     @property
     def done(self) -> bool:
-        if self.sent == self.data.size and self.data.size:
+        if self.piece is None and self.sent == self.data.size and self.data.size:
             return True
         self.transport.progress()
+        if self.piece is not None and self.piece != DIRECT:
+            if int(self.outbox.consumed[0]) <= self.piece:
+                return False
+            self.outbox.sync()  # the peer's read before this rank's next write of the region
+            return True
         return self.sent == self.data.size and self not in self.outbox.sending
 
     def cancel(self) -> None:
@@ -322,5 +309,3 @@ class Receiving:
         if waiting and self in waiting:
             waiting.remove(self)
 
-
-atexit.register(_free_all)  # registered after mpi4py's own: run before it

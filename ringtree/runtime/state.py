@@ -26,7 +26,7 @@ from .backoff import wait_until
 from .in_flight import progress_others
 from .mismatch import TagLayout
 from .native import free_plan
-from .shm import SharedWindow
+from .shared_window import SharedWindow
 from .threads import THREADED, thread_token
 
 _keyval: int | None = None
