@@ -13,7 +13,10 @@ import numpy as np
 
 __all__ = ["allow_readers", "read"]
 
-_libc = ctypes.CDLL(None, use_errno=True)
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+except (OSError, TypeError):  # no C library to load this way (Windows): no direct reads
+    _libc = None
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
 
 
@@ -21,7 +24,7 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
 
 
-_readv = getattr(_libc, "process_vm_readv", None)
+_readv = getattr(_libc, "process_vm_readv", None) if _libc is not None else None
 if _readv is not None:
     _readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
     _readv.restype = ctypes.c_ssize_t
@@ -29,10 +32,9 @@ if _readv is not None:
 
 def allow_readers() -> None:
     """Let the other processes of this user read this one's memory where Yama would refuse siblings."""
-    try:
-        _libc.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
-    except AttributeError:
-        pass
+    prctl = getattr(_libc, "prctl", None) if _libc is not None else None
+    if prctl is not None:
+        prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)  # refused without Yama: nothing to allow then
 
 
 def read(pid: int, address: int, target: np.ndarray) -> None:

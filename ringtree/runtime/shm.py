@@ -45,7 +45,7 @@ from .shared_window import SLOTS, SharedWindow
 __all__ = ["ShmTransport", "Sending", "Receiving", "tick", "DIRECT_MIN_BYTES"]
 
 DIRECT = -1  # a piece that says where the message is, for the receiver to read it there (cross_memory.py)
-DIRECT_MIN_BYTES = 1 << 18  # smaller messages go through the slots
+DIRECT_MIN_BYTES = 1 << 18  # smaller ones go through the slots: below, two copies cost less than a read
 EAGER_AFTER_SECONDS = 0.05  # without a ring moving, before messages whose receive is not posted are taken
 TICK = [0]  # polls of the collectives in flight: a transport moves its rings once per poll (tick())
 MOVED = [False]  # whether a ring moved since the last tick: progress for the waiter, as a completion is
@@ -224,9 +224,14 @@ class ShmTransport:
             MOVED[0] = True
 
     def arrived_tags(self) -> list[tuple[int, int]]:
-        """(peer, tag) of every message begun that no receive has taken yet: a call's that the
-        ranks differ on (mismatch.Watch)."""
-        return [(inbox.peer, tag) for inbox in self.inboxes.values() for tag, kept in inbox.kept.items() if kept]
+        """(peer, tag) of every message come that no receive has taken yet, kept or waiting at the head
+        of its ring: a call's that the ranks differ on (mismatch.Watch)."""
+        found = [(inbox.peer, tag) for inbox in self.inboxes.values() for tag, kept in inbox.kept.items() if kept]
+        for inbox in self.inboxes.values():
+            if inbox.current is None and int(inbox.written[0]) > inbox.count:
+                inbox.sync()
+                found.append((inbox.peer, int(inbox.slots[inbox.count % SLOTS][0][0])))
+        return found
 
     def gone(self, peers) -> list[int]:
         """Those of `peers` reached by this transport whose process has ended (or is a zombie, not yet
