@@ -2,8 +2,8 @@
 
 Host arrays: MPI, which shares memory between the ranks of a node itself; with
 RINGTREE_SHM=on, ringtree's own shared memory (shm.py) to the ranks of the same node
-(docs/performance.md: on the machines measured it tied MPI from 2 MiB and was slower
-below). Device arrays (a backend with a device layer, `backend.ipc`): to a rank of
+(docs/performance.md: on the machine measured it came within 5 % of MPI from 16 MiB
+and was slower below). Device arrays (a backend with a device layer, `backend.ipc`): to a rank of
 the same node, CUDA IPC (ipc.py); to any other, MPI on device memory where the MPI
 is CUDA-aware, else staged through pinned host memory (the backend's `staged`).
 RINGTREE_TRANSPORT forces one: `ipc` (an error where the device layer is missing),
