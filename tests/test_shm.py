@@ -150,13 +150,16 @@ def test_threads_on_communicators_of_their_own_share_no_ring(shared):
     failures = []
 
     def work(comm, k):
-        for _ in range(20):
-            x = np.arange(30_000, dtype=np.int64) + comm.rank + k
-            got = ringtree.allreduce(x, comm=comm, algorithm="ring", segment=4096)
-            expected = np.arange(30_000) * comm.size + sum(range(comm.size)) + k * comm.size
-            if not np.array_equal(got, expected):
-                failures.append(f"thread {k}: differs")
-                return
+        try:
+            for _ in range(20):
+                x = np.arange(30_000, dtype=np.int64) + comm.rank + k
+                got = ringtree.allreduce(x, comm=comm, algorithm="ring", segment=4096)
+                expected = np.arange(30_000) * comm.size + sum(range(comm.size)) + k * comm.size
+                if not np.array_equal(got, expected):
+                    failures.append(f"thread {k}: differs")
+                    return
+        except Exception as error:  # a failure in a thread must reach the assertion
+            failures.append(f"thread {k}: {type(error).__name__}: {error}")
 
     threads = [threading.Thread(target=work, args=(comm, k)) for k, comm in enumerate(comms)]
     for thread in threads:

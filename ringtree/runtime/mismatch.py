@@ -184,22 +184,21 @@ class Watch:
                 self.fail(f"rank {source} refused call #{seq}")
         layout, comm, me = state.layout, state.comm, state.rank
         mine = layout.tag(seq, self.signature.code ^ state.threads_bit)
+        ring_peers = self.shared.transport.peers if self.shared is not None else ()
         for source in range(state.size):
             if source == me or not comm.Iprobe(source, MPI.ANY_TAG, status):
                 continue
             tag = status.Get_tag()
-            if tag == layout.notice_of(seq) or (self.compare and tag // layout.codes == seq % layout.calls
-                                                and tag != mine):
+            if tag == layout.notice_of(seq):
                 self.fail(_seen(source, tag, layout))
-            if tag == mine and self.shared is not None and source in self.shared.transport.peers:
+            if tag == mine and source in ring_peers:
                 self.fail(f"rank {source} sends this call's messages by MPI where this rank uses shared memory: "
                           "does it pass device arrays where this rank passes host arrays?")
+            self._another_signature(source, tag, mine)
         if self.shared is not None:
-            transport = self.shared.transport
-            for source, tag in transport.arrived_tags():
-                if self.compare and tag // layout.codes == seq % layout.calls and tag != mine:
-                    self.fail(_seen(source, tag, layout))
-            gone = transport.gone(self.shared.peers_waited_for())
+            for source, tag in self.shared.transport.arrived_tags():
+                self._another_signature(source, tag, mine)
+            gone = self.shared.transport.gone(self.shared.peers_waited_for())
             if gone:  # no MPI message with it fails: its process is looked for
                 error = peer_gone(state.comm, self.signature.collective, gone[0])
                 if self.give_up is not None:
@@ -208,6 +207,13 @@ class Watch:
         if not self.announced and time.perf_counter() - self.started > ANNOUNCE_SECONDS:
             self.announced = state.announced = True  # state.free keeps the communicators: the others may not take it
             _tell(state, seq, self.signature, False)
+
+    def _another_signature(self, source: int, tag: int, mine: int) -> None:
+        """Fail if `tag`, of a message from `source` (over MPI, or in a shared-memory ring), is of this
+        call's number but not of its signature."""
+        layout = self.state.layout
+        if self.compare and tag // layout.codes == self.seq % layout.calls and tag != mine:
+            self.fail(_seen(source, tag, layout))
 
     def fail(self, why: str):
         error = everywhere(self.state, self.seq, self.signature, why)

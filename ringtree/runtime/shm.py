@@ -104,10 +104,10 @@ class Outbox:
 class Arrival:
     """A message from one peer: bytes written into the receive's target, or kept until it is posted."""
 
-    __slots__ = ("tag", "data", "got", "receiving")
+    __slots__ = ("data", "got", "receiving")
 
-    def __init__(self, tag: int, data: np.ndarray, receiving=None) -> None:
-        self.tag, self.data, self.got, self.receiving = tag, data, 0, receiving
+    def __init__(self, data: np.ndarray, receiving=None) -> None:
+        self.data, self.got, self.receiving = data, 0, receiving
 
 
 class Inbox:
@@ -168,9 +168,9 @@ class Inbox:
             receiving = waiting.popleft()
             if receiving.target.size != total:
                 receiving.error = WrongSize(self.peer, total, receiving.target.size)
-                return Arrival(tag, np.empty(total, np.uint8))  # read and dropped: the ring goes on
-            return Arrival(tag, receiving.target, receiving)
-        arrival = Arrival(tag, np.empty(total, np.uint8))
+                return Arrival(np.empty(total, np.uint8))  # read and dropped: the ring goes on
+            return Arrival(receiving.target, receiving)
+        arrival = Arrival(np.empty(total, np.uint8))
         self.kept.setdefault(tag, deque()).append(arrival)
         self.messages_kept += 1
         return arrival
@@ -195,7 +195,6 @@ class ShmTransport:
     """One communicator's rings to and from the ranks of its node."""
 
     def __init__(self, window: SharedWindow, rank: int) -> None:
-        self.window = window
         self.peers = window.peers - {rank}
         me = window.local[rank]
         self.outboxes = {p: Outbox(window, me, window.local[p]) for p in self.peers}

@@ -41,10 +41,8 @@ def transport_for(state, backend):
         node = state.hosts.node_of
         peers = frozenset(r for r in range(state.size) if r != state.rank and node[r] == node[state.rank])
         state.transports[layer] = IpcTransport(layer, state.comm, peers) if peers else None
-        if log.isEnabledFor(logging.INFO):
-            beyond = "staged through host memory" if backend.staged else "MPI on device memory"
-            log.info("%s transports on %s: %s", layer.name, state.name, ", ".join(
-                f"rank {r}: {'self' if r == state.rank else 'IPC' if r in peers else beyond}" for r in range(state.size)))
+        _log_peers(state, f"{layer.name} transports", peers, "IPC",
+                   "staged through host memory" if backend.staged else "MPI on device memory")
     return state.transports[layer]
 
 
@@ -55,12 +53,15 @@ def _shared_memory(state) -> ShmTransport | None:
     if "shm" not in state.transports:
         transport = ShmTransport(window, state.rank) if window.peers - {state.rank} else None
         state.transports["shm"] = transport
-        if log.isEnabledFor(logging.INFO):
-            peers = transport.peers if transport is not None else frozenset()
-            log.info("host transports on %s: %s", state.name, ", ".join(
-                f"rank {r}: {'self' if r == state.rank else 'shared memory' if r in peers else 'MPI'}"
-                for r in range(state.size)))
+        _log_peers(state, "host transports", transport.peers if transport is not None else (), "shared memory", "MPI")
     return state.transports["shm"]
+
+
+def _log_peers(state, what: str, peers, reached: str, beyond: str) -> None:
+    """With RINGTREE_DEBUG: how this rank reaches each rank, `reached` for `peers`, else `beyond`."""
+    if log.isEnabledFor(logging.INFO):
+        log.info("%s on %s: %s", what, state.name, ", ".join(
+            f"rank {r}: {'self' if r == state.rank else reached if r in peers else beyond}" for r in range(state.size)))
 
 
 def routed(state, backend, choice, segment: int | None):
