@@ -124,6 +124,27 @@ def _timeline(text: str) -> str:
     return text
 
 
+def _directory(text: str) -> str:
+    """A folder, or a path where one can be made: not one whose nearest existing part is a file, which
+    would fail every write of the cache later, far from the variable that caused it."""
+    blocking = not_a_folder(text)
+    if blocking is not None:
+        raise ValueError(f"{blocking} is a file, not a folder" if blocking == text else
+                         f"{blocking}, on its path, is a file, not a folder")
+    return text
+
+
+def not_a_folder(path: str) -> str | None:
+    """The nearest part of `path` that exists (itself, else a folder above it) where that is not a
+    folder; None where it is one, so that `path` is a folder or can be made one."""
+    while path and not os.path.exists(path):
+        above = os.path.dirname(path.rstrip(os.sep))
+        if above == path:
+            return None
+        path = above
+    return path if path and not os.path.isdir(path) else None
+
+
 def _cuda_aware(text: str) -> bool:
     if text not in ("0", "1"):
         raise ValueError
@@ -141,7 +162,7 @@ VARIABLES = (
     Variable("RINGTREE_GPU_HOST_MAX", "gpu_host_max", "a whole number of bytes, 0 or more", _bytes),
     Variable("RINGTREE_CUDA_AWARE", "cuda_aware", "0 or 1", _cuda_aware),
     Variable("RINGTREE_TUNE", "tune", "online, cache or off", _tune),
-    Variable("RINGTREE_CACHE_DIR", "cache_dir", "a directory", str),
+    Variable("RINGTREE_CACHE_DIR", "cache_dir", "a directory", _directory),
     Variable("RINGTREE_SIGNATURES", "signatures", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_TOPOLOGY", "topology", "nodes or flat", _topology),
     Variable("RINGTREE_TRANSPORT", "transport", "auto, ipc, direct or staged", _transport),
@@ -150,7 +171,7 @@ VARIABLES = (
 )
 
 
-_SAYS_WHY = (_timeline,)  # parsers whose ValueError says what is wrong
+_SAYS_WHY = (_timeline, _directory)  # parsers whose ValueError says what is wrong
 
 
 def read(environ=None) -> Settings:

@@ -360,12 +360,17 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     (["tune", "-o", "nowhere/table.json"], "argument -o/--output: no folder nowhere to write table.json in"),
     (["bench", "--json", "."], "argument --json: . is a folder, not a file"),
     (["calibrate", "-o", "OUT"], "calibrate measures 2 ranks: mpiexec -n 2 python -m ringtree calibrate"),
+    (["bench", "--collective", "allgather", "--op", "max"],
+     "--op max: allgather reduces nothing; --op goes with allreduce, reduce_scatter, reduce"),
+    (["tune", "-o", "BENCH"], 'is not a ringtree tuning table (a JSON object with no "format"); not overwriting it'),
+    (["tune", "-o", "TEXT"], "is not a ringtree tuning table (not JSON); not overwriting it"),
 ])
 def test_every_bad_argument_is_a_usage_error_not_a_traceback(tmp_path, command, message):
-    trace, bench = tmp_path / "trace.json", tmp_path / "bench.json"
+    trace, bench, text = tmp_path / "trace.json", tmp_path / "bench.json", tmp_path / "notes.txt"
     trace.write_text(json.dumps({"traceEvents": []}))
     bench.write_text(json.dumps({"rows": []}))
-    files = {"TRACE": str(trace), "BENCH": str(bench), "OUT": str(tmp_path / "out")}
+    text.write_text("not a table\n")
+    files = {"TRACE": str(trace), "BENCH": str(bench), "TEXT": str(text), "OUT": str(tmp_path / "out")}
     run = subprocess.run([sys.executable, "-m", "ringtree", *[files.get(word, word) for word in command]],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
@@ -418,3 +423,152 @@ def test_plot_and_draw_without_matplotlib_say_how_to_get_it(tmp_path, command):
                          env={**os.environ, "PYTHONPATH": str(hidden.parent)})
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert "need matplotlib: pip install 'ringtree[plot]'" in run.stderr
+
+
+def test_tune_refuses_a_file_that_is_not_a_table_before_measuring(tmp_path):
+    """tune -o FILE, FILE there and not a tuning table: a usage error on every rank in the time MPI takes
+    to start, not after the grid's half minute of measuring, naming the file, which stays as it was."""
+    import time
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rows": []}))
+    started = time.perf_counter()
+    run = run_mpiexec(2, "-m", "ringtree", "tune", "-o", str(results), timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.count(f"error: argument -o/--output: {results} is not a ringtree tuning table") == 2
+    assert "which algorithm wins" not in run.stdout and time.perf_counter() - started < 20
+    assert json.loads(results.read_text()) == {"rows": []}
+
+
+def test_bench_times_a_size_in_whole_elements_says_so_and_says_where_it_wrote(tmp_path):
+    path = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "ringtree", "bench", "-b", "6", "-e", "6", "--algorithms", "native",
+                          "--iters", "3", "--warmup", "0", "--json", str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "# ringtree bench: 1 rank, float32, sum" in run.stdout
+    assert "# sizes timed in whole 4-byte float32 elements, rounded down to them (one at least): 6 B as 4 B" in run.stdout
+    assert [row["size"] for row in json.loads(path.read_text())["rows"]] == [4]
+    assert run.stdout.rstrip().endswith(f"# wrote the rows as JSON to {path}")
+
+
+def test_a_grid_of_sizes_is_timed_in_whole_elements_each_size_once():
+    import numpy as np
+
+    from ringtree.commands.measure import whole_elements
+    float32 = np.dtype(np.float32)
+    assert whole_elements([8, 16], float32) == ([2, 4], None)
+    counts, note = whole_elements([1, 2, 4, 6], float32)  # all one element: timed once
+    assert counts == [1] and note.endswith(": 1 B as 4 B, 2 B as 4 B, 6 B as 4 B")
+    counts, note = whole_elements([8, 64], float32, 3, "per rank on 3 ranks")  # a block of one element at least
+    assert counts == [3, 15] and "float32 elements per rank on 3 ranks" in note and note.endswith("8 B as 12 B, 64 B as 60 B")
+
+
+@pytest.mark.parametrize("collective, op, title", [
+    ("reduce_scatter", "sum", "reduce_scatter, 2 ranks, float32 sum"),
+    ("allgather", None, "allgather, 1 rank, float32"),  # no op: it reduces nothing
+    (None, "max", "allreduce, 2 ranks, float32 max"),  # a file of a bench from before the collective was kept
+])
+def test_plot_titles_a_panel_with_its_collective(tmp_path, collective, op, title):
+    from ringtree.commands import main
+    ranks = 1 if collective == "allgather" else 2
+    result = {"ranks": ranks, "dtype": "float32", "op": op, "inplace": False, "mpi": "MPICH", "note": "",
+              "rows": [{"size": size, "busbw": 1.0, "algorithm": "ring"} for size in (8, 16)]}
+    if collective:
+        result["collective"] = collective
+    (tmp_path / "bench.json").write_text(json.dumps(result))
+    main(["plot", str(tmp_path / "bench.json"), "-o", str(tmp_path / "busbw.svg")])
+    assert f"<!-- {title} -->" in (tmp_path / "busbw.svg").read_text()
+
+
+def test_simulate_and_draw_say_one_rank_and_one_element_and_where_they_wrote(tmp_path):
+    path = tmp_path / "result.json"
+    run = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "1",
+                          "--bytes", "4", "--json", str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stderr == "", run.stderr  # and no progress bar for a quick one
+    assert run.stdout.startswith("# ring, 1 rank, 4 B (1 element of 4 B);")
+    assert f"wrote the result, every rank's traffic, as JSON to {path}" in run.stdout and json.loads(path.read_text())
+    from ringtree.commands import main
+    main(["draw", "--algorithm", "ring", "--ranks", "1", "-o", str(tmp_path / "ring.svg")])
+    assert "<!-- ring, 1 rank, 1 element -->" in (tmp_path / "ring.svg").read_text()
+
+
+def test_timeline_merge_says_where_it_wrote(tmp_path):
+    traces = [tmp_path / f"trace.rank{rank}.json" for rank in (0, 1)]
+    for rank, trace in enumerate(traces):
+        trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "pid": rank, "name": "send", "ts": 0, "dur": 1}]}))
+    merged = tmp_path / "merged.json"
+    run = subprocess.run([sys.executable, "-m", "ringtree", "timeline-merge", "-o", str(merged), *map(str, traces)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout == f"wrote {merged}: 2 traces merged, 2 events\n", run.stderr
+    assert len(json.loads(merged.read_text())["traceEvents"]) == 2
+
+
+def test_simulate_shows_its_progress_where_stderr_is_no_terminal(monkeypatch, capsys):
+    from ringtree.commands import main
+    from ringtree.sim import flat
+    monkeypatch.setattr(flat, "PROGRESS_EVERY", 0.0)  # a state at every update, not every 10 s
+    main(["simulate", "--algorithm", "ring", "--ranks", "16", "--bytes", "64K", "--setup", "1e-6"])  # the event simulation
+    out, err = capsys.readouterr()
+    assert "predicted time" in out
+    assert err.rstrip("\n").split("\r")[-1].startswith("simulating: 100%"), err  # the last state kept
+
+
+def test_a_fit_with_a_cost_at_zero_or_far_from_its_times_is_called_poor():
+    from ringtree.commands.measure import COSTS, poor_fit
+    from ringtree.tuning.model import Params, fit, fit_error, predict
+    # times that shrink as the size grows: they fit best with negative costs per byte, so both come out 0
+    shrinking = [(alg, 2, nbytes, 0, seconds) for alg in ("ring", "tree")
+                 for nbytes, seconds in ((1 << 10, 1e-4), (1 << 20, 0.9e-4), (1 << 24, 0.8e-4))]
+    params = fit(shrinking)
+    assert params.beta == params.gamma == 0 < params.alpha
+    warning = poor_fit("the α-β-γ model", [COSTS[name] for name, value in params._asdict().items() if value <= 0],
+                       fit_error(shrinking, params))
+    assert warning.startswith("a poor fit of the α-β-γ model: β (time per byte sent) and γ (time per byte reduced) "
+                              "are 0, at the fit's bound")
+    assert "by a factor of 2.72 (the root mean square of ln(fitted / measured)" in poor_fit("costs", [], 1.0)
+    truth = Params(1e-5, 1e-10, 2e-10)  # times the model gives exactly: a good fit, no warning
+    exact = [(alg, 2, n, 0, predict(alg, 2, n, truth)) for alg in ("ring", "recursive_doubling") for n in (1 << 10, 1 << 24)]
+    assert poor_fit("costs", [], fit_error(exact, fit(exact))) is None
+
+
+def test_calibrate_warns_of_a_poor_fit(tmp_path):
+    """calibrate --refit (no MPI) of times that shrink as the size grows, and a reduction measured at no
+    cost: both fits are poor, and each warning says what makes it so."""
+    measured = json.loads((Path(__file__).parent.parent / "docs" / "figures" / "calibration-2ranks.json").read_text())
+    rows = [{"algorithm": alg, "bytes": nbytes, "segment": 0, "seconds": seconds} for alg in ("ring", "tree")
+            for nbytes, seconds in ((1 << 10, 1e-4), (1 << 16, 0.9e-4), (1 << 20, 0.8e-4))]
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"format": measured["format"], "primitives": {**measured["primitives"], "gamma": 0.0},
+                                "allreduce_seconds": rows}))
+    run = subprocess.run([sys.executable, "-m", "ringtree", "calibrate", "--refit", str(path), "-o",
+                          str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "warning: a poor fit of the primitives: γ (time per byte reduced) is 0, at the fit's bound" in run.stderr
+    assert "warning: a poor fit of the simulator's costs to the allreduce times: " in run.stderr
+    assert "β (time per byte sent)" in run.stderr.split("allreduce times: ")[1]
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_naming_the_variable_and_the_path(tmp_path):
+    from ringtree.tuning import cache
+    blocking = tmp_path / "cache"
+    blocking.write_text("")
+    run = subprocess.run([sys.executable, "-m", "ringtree", "cache"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RINGTREE_CACHE_DIR": str(blocking)})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert (f"RINGTREE_CACHE_DIR='{blocking}' is not a value ringtree takes; it takes a directory: {blocking} is a "
+            "file, not a folder") in run.stderr
+    # Where the variable is not set and the default place is under a file: what the write says.
+    with pytest.raises(NotADirectoryError) as caught:
+        cache.write(blocking / "ringtree" / "0123.json", {}, {})
+    assert caught.value.strerror == f"{blocking} is a file, not a folder: set RINGTREE_CACHE_DIR to a folder for the cache"
+
+
+def test_debug_log_lines_name_ringtree_once():
+    import logging
+
+    from ringtree.debug import Prefixed
+
+    def shown(message: str) -> str:
+        return Prefixed("%(message)s").format(logging.makeLogRecord({"msg": message}))
+    assert shown("ringtree: cannot write the tuning cache c.json: why") == "ringtree: cannot write the tuning cache c.json: why"
+    assert shown("ringtree on rank 1: stalled") == "ringtree on rank 1: stalled"
+    assert shown("tune 8-15 B: committed to ring") == "ringtree: tune 8-15 B: committed to ring"

@@ -76,9 +76,9 @@ def test_no_module_imports_itself_through_others():
     assert circles == []
 
 
-# The modules at the top of the package that the runtime may use: errors, ops, settings, logging.
+# The modules at the top of the package that the runtime may use: errors, ops, settings, logging, words.
 FOUNDATION = {"ringtree.errors", "ringtree.ops", "ringtree.settings", "ringtree.debug", "ringtree.version",
-              "ringtree.tensors"}
+              "ringtree.tensors", "ringtree.words"}
 
 
 def _layer(name: str) -> str:

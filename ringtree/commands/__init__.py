@@ -23,7 +23,7 @@ __all__ = ["COMMANDS", "main"]
 
 # name -> (module, one line of help)
 COMMANDS = {
-    "bench": ("bench", "allreduce bandwidth against native MPI (under mpiexec)"),
+    "bench": ("bench", "a collective's bandwidth against native MPI's, nccl-tests style (under mpiexec)"),
     "tune": ("tune", "measure every algorithm here and write a tuning table (under mpiexec)"),
     "calibrate": ("calibrate", "fit the simulator's alpha, beta, gamma here (under mpiexec, 2+ ranks)"),
     "simulate": ("simulate", "per-rank traffic and predicted time of an allreduce, from the alpha-beta-gamma model"),

@@ -11,8 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
+
+from ..words import counted
+
+REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives that take an op
 
 
 class UsageError(Exception):
@@ -69,6 +74,13 @@ def sizes_from_args(args: argparse.Namespace) -> list[int]:
     if args.minbytes > args.maxbytes:
         raise UsageError(f"no sizes: --minbytes {args.minbytes} is above --maxbytes {args.maxbytes}")
     return size_grid(args.minbytes, args.maxbytes, args.stepfactor)
+
+
+def warn(text: str) -> None:
+    """A warning of a command, on stderr: the results on stdout stay as they are. After what stdout
+    holds so far, so that in a log the warning follows what it is about."""
+    sys.stdout.flush()
+    print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
 def format_size(nbytes: int) -> str:
@@ -143,6 +155,10 @@ def output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"no folder {folder} to write {os.path.basename(text)} in")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    # Refused now, not after minutes of measuring.
+    if text != "-" and not os.access(text if os.path.exists(text) else folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text} may not be written" if os.path.exists(text) else
+                                         f"the folder {folder} may not be written")
     return text
 
 
@@ -196,7 +212,8 @@ def topology_from(args: argparse.Namespace, nranks: int):
     if args.layout is None:
         return None
     if sum(args.layout) != nranks:
-        raise UsageError(f"--layout {','.join(map(str, args.layout))} has {sum(args.layout)} ranks, not {nranks}")
+        raise UsageError(f"--layout {','.join(map(str, args.layout))} has {counted(sum(args.layout), 'rank')}, "
+                         f"not {nranks}")
     try:
         return Topology.placed(args.layout, args.placement)
     except ValueError as error:

@@ -46,7 +46,9 @@ from ..runtime.backend import NoDevice, cupy_backend
 from ..runtime.cuda import cuda_support
 from ..runtime.state import existing_state
 from ..tuning.online import NATIVE
+from ..words import counted
 from .arguments import (
+    REDUCING,
     UsageError,
     at_least,
     comma_list,
@@ -57,13 +59,12 @@ from .arguments import (
     positive,
     sizes_from_args,
 )
-from .measure import across_ranks, exact_data, exact_inputs, in_pass_order, table_rows, time_in_turns
+from .measure import across_ranks, exact_data, exact_inputs, in_pass_order, table_rows, time_in_turns, whole_elements
 
 ROUNDTRIP = "roundtrip"
 NAMES = [*dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms), "auto", NATIVE, ROUNDTRIP]
 COLLECTIVES = [*GENERATORS, "alltoallv"]
 UNEVEN = {"alltoallv": "alltoall"}  # a collective bench times given counts: the one it is
-REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives that take an op
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: ring,tree,auto,native; another collective's: all of its, auto, native)")
     parser.add_argument("--cupy", action="store_true", help="CuPy arrays on the GPU instead of numpy arrays")
     parser.add_argument("--dtype", type=dtype, default="float32", help="numpy dtype name")
-    parser.add_argument("--op", default="sum", choices=["sum", "prod", "min", "max", "avg"])
+    parser.add_argument("--op", choices=["sum", "prod", "min", "max", "avg"],
+                        help=f"the reduction of {', '.join(REDUCING)} (default: sum); the others reduce nothing")
     parser.add_argument("--inplace", action="store_true", help="MPI.IN_PLACE instead of separate buffers")
     parser.add_argument("--segment", type=at_least(1, parse_size), default=None,
                         help="segment size in bytes (default: selector's)")
@@ -106,6 +108,9 @@ def check(args: argparse.Namespace) -> None:
     unknown = [name for name in args.algorithms if name not in (*known, "auto", NATIVE, ROUNDTRIP)]
     if unknown:
         raise not_its_algorithms(args.collective, unknown, [*sorted(known), "auto", NATIVE])
+    if args.op is not None and args.collective not in REDUCING:
+        raise UsageError(f"--op {args.op}: {args.collective} reduces nothing; --op goes with {', '.join(REDUCING)}")
+    args.op = args.op or "sum"
     if args.collective != "allreduce" and (args.cupy or args.inplace):
         raise UsageError(f"--collective {args.collective} times numpy arrays out of place; leave out --cupy and "
                          "--inplace")
@@ -136,17 +141,18 @@ def run(args: argparse.Namespace) -> list[dict]:
     name, dtype, op, algorithms = args.collective, args.dtype, parse_op(args.op), args.algorithms
     redop = op if name in REDUCING else None  # as the table shows it
     baseline = next((case for case in (NATIVE, ROUNDTRIP) if case in algorithms), None)
-    if name == "allreduce":
-        counts = [max(1, nbytes // dtype.itemsize) for nbytes in sizes_from_args(args)]
-    else:  # every block of the same count (or share): a size rounds down to a whole number of them per rank
-        shares = size * (size + 1) // 2 if name in UNEVEN else size
-        counts = sorted({max(1, nbytes // dtype.itemsize // shares) * shares for nbytes in sizes_from_args(args)})
+    # every block of the same count (or share): a size rounds down to a whole number of them per rank
+    shares = 1 if name == "allreduce" else size * (size + 1) // 2 if name in UNEVEN else size
+    counts, rounded = whole_elements(sizes_from_args(args), dtype, shares, "" if name == "allreduce" else (
+        f"in {name}'s {shares} shares" if name in UNEVEN else f"per rank on {counted(size, 'rank')}"))
     if rank == 0:
-        print(f"# ringtree bench{'' if name == 'allreduce' else ' ' + name}: {size} ranks, {dtype}"
+        print(f"# ringtree bench{'' if name == 'allreduce' else ' ' + name}: {counted(size, 'rank')}, {dtype}"
               + (f", {op.value}" if redop is not None else "")
               + (f", {'in place' if args.inplace else 'out of place'}" if name == "allreduce" else "")
               + f", {'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"
               + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
+        if rounded:
+            print(f"# {rounded}")
         print(f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>18} {'time us':>10} "
               f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'#wrong':>7} {'x ' + (baseline or '-'):>8}")
     progress = None
@@ -176,10 +182,12 @@ def _written(args, comm, rows: list[dict], baseline) -> list[dict]:
     if args.json and comm.Get_rank() == 0:
         with open(args.json, "w") as f:
             json.dump({"collective": args.collective, "ranks": comm.Get_size(), "dtype": str(args.dtype),
-                       "op": args.op, "inplace": args.inplace, "arrays": "cupy" if args.cupy else "numpy",
+                       "op": args.op if args.collective in REDUCING else None, "inplace": args.inplace,
+                       "arrays": "cupy" if args.cupy else "numpy",
                        "baseline": baseline, "passes": args.passes,
                        "mpi": MPI.Get_library_version().splitlines()[0].strip(), "note": args.note,
                        "rows": rows}, f, indent=1)
+        print(f"# wrote the rows as JSON to {args.json}")
     if any(row["wrong"] for row in rows):
         raise SystemExit(f"rank {comm.Get_rank()}: some results differ from native MPI (see #wrong)")
     return rows

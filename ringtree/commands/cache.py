@@ -16,6 +16,7 @@ import json
 
 from .. import settings
 from ..tuning import cache
+from ..words import counted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
     if args.clear:
         for path in paths:
             path.unlink()
-        print(f"deleted {len(paths)} tuning cache file{'s' * (len(paths) != 1)} in {directory}")
+        print(f"deleted {counted(len(paths), 'tuning cache file')} in {directory}")
         return
     for path in paths:
         text = cache.read(path)
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"{path}: not a ringtree tuning cache (run with --clear to delete it)")
             continue
         choices = cache.parse(text, who)
-        print(f"{path}: {len(who['layout'])} ranks on {', '.join(who['hosts'])}; {who['mpi']}; ringtree {who['ringtree']}")
+        print(f"{path}: {counted(len(who['layout']), 'rank')} on {', '.join(who['hosts'])}; {who['mpi']}; "
+              f"ringtree {who['ringtree']}")
         for key, option in sorted(choices.items()):
             print(f"  {key}: {option}")

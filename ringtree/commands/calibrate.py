@@ -42,10 +42,19 @@ from mpi4py import MPI
 from ..algorithms import ALGORITHMS
 from ..api.allreduce import allreduce
 from ..runtime.state import comm_state
-from ..sim.calibration import FORMAT, best_fit, fit_latency_and_per_byte, fit_per_byte, fit_protocols, refitted
+from ..sim.calibration import (
+    FITTED,
+    FORMAT,
+    best_fit,
+    fit_latency_and_per_byte,
+    fit_per_byte,
+    fit_protocols,
+    refitted,
+    relative_error,
+)
 from ..tuning.selector import select
-from .arguments import UsageError, at_least, format_size, json_file, output_path, parse_size, size_grid
-from .measure import in_pass_order, time_in_turns
+from .arguments import UsageError, at_least, format_size, json_file, output_path, parse_size, size_grid, warn
+from .measure import COSTS, in_pass_order, poor_fit, time_in_turns
 
 # Between nodes, α is fitted to messages up to BETWEEN_SMALL bytes and β to those from BETWEEN_LARGE.
 BETWEEN_SMALL = 2 << 10
@@ -101,6 +110,10 @@ def run(args: argparse.Namespace) -> dict | None:
                     json.dump(result, f, indent=1)
                 print(f"between nodes (ranks 0 and {other}): alpha {between['alpha']:.3g} s, "
                       f"beta {between['beta']:.3g} s/B; written to {args.output}")
+                poor = poor_fit("the messages between nodes", [COSTS[name] for name in ("alpha", "beta")
+                                                               if between[name] <= 0])
+                if poor:
+                    warn(poor)
         _wait_idle(world)
     return result
 
@@ -160,7 +173,7 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
                     float(np.median([run[name] for run in runs])))
                    for nbytes, runs in allreduce_runs.items() for name in ALGORITHMS]
     if rank == 0:
-        print(f"medians of {args.passes} passes:")
+        print(f"medians of {args.passes} pass{'' if args.passes == 1 else 'es'}:")
         for nbytes in message_sizes:
             print(f"  {format_size(nbytes):>8}: message {messages[nbytes] * 1e6:10.2f} us, "
                   f"reduce {reductions[nbytes] * 1e6:10.2f} us")
@@ -182,6 +195,7 @@ def _calibrate(pair: MPI.Comm, args) -> dict:
         if fitted["gamma"] < 0.01 * primitives["gamma"]:
             print(f"  (gamma at its bound, 0: the fit puts the reductions' cost in beta, as each byte a rank receives "
                   f"is reduced once; measured alone, a byte reduced took {primitives['gamma'] * 1e12:.1f} ps)")
+        warn_if_poor(primitives, fitted, collectives)
         with open(args.output, "w") as f:
             json.dump(result, f, indent=1)
     return result
@@ -194,7 +208,24 @@ def refit(path: str, output: str) -> dict:
     with open(output, "w") as f:
         json.dump(data, f, indent=1)
     print(f"refitted to the allreduce times in {path}: {describe(data)}; written to {output}")
+    warn_if_poor(data["primitives"], data, [(m["algorithm"], m["bytes"], m["segment"], m["seconds"])
+                                            for m in data["allreduce_seconds"]])
     return data
+
+
+def warn_if_poor(primitives: dict, fitted: dict, collectives) -> None:
+    """A warning on stderr where a fit is poor (measure.poor_fit): the primitives' α, β or γ at 0 (a
+    message or a reduction measured alone cannot cost nothing), or the fit to the allreduce times
+    with α or β at 0 (γ at 0 there has its note above) or far from the times it was fitted to."""
+    poor = poor_fit("the primitives", [COSTS[name] for name in COSTS if primitives[name] <= 0])
+    if poor:
+        warn(poor)
+    fitted_params = {key: fitted[key] for key in (*FITTED, "eager_limit", "duplex")}
+    poor = poor_fit("the simulator's costs to the allreduce times", [COSTS[name] for name in ("alpha", "beta")
+                                                                    if fitted[name] <= 0],
+                    relative_error(collectives, fitted_params))
+    if poor:
+        warn(poor)
 
 
 def _time_primitives(pair: MPI.Comm, nbytes: int, iters: int) -> dict:

@@ -18,6 +18,7 @@ from ..schedule import OpKind
 from ..sim import Costs, simulate
 from ..sim.flat import flat_schedules
 from ..sim.simulator import collective_of
+from ..words import counted
 from .arguments import (
     UsageError,
     add_layout_arguments,
@@ -56,7 +57,8 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--algorithm {args.algorithm} is not a {args.collective} algorithm; known: "
                          f"{', '.join(sorted(GENERATORS[args.collective]))}")
     if args.root >= args.ranks:
-        raise UsageError(f"--root {args.root} is not one of the {args.ranks} ranks")
+        raise UsageError(f"--root {args.root} is not a rank: the ranks are 0 to {args.ranks - 1}" if args.ranks > 1
+                         else f"--root {args.root} is not a rank: the one rank is 0")
     topology_from(args, args.ranks)
     if args.ranks > MAX_RANKS:
         raise UsageError(f"--ranks {args.ranks}: at most {MAX_RANKS} lanes are drawn (simulate gives the numbers "
@@ -73,7 +75,7 @@ def check(args: argparse.Namespace) -> None:
         collective=collective_of(args.collective, args.ranks, count, args.root))
         for kind, size in zip(schedule.kinds, schedule.sizes) if kind == OpKind.SEND)
     if messages > MAX_MESSAGES:
-        raise UsageError(f"{args.algorithm} on {args.ranks} ranks, {format_size(nbytes)}"
+        raise UsageError(f"{args.algorithm} on {counted(args.ranks, 'rank')}, {format_size(nbytes)}"
                          + (f" in segments of {format_size(args.segment)}" if args.segment else "")
                          + f" sends {messages} messages; at most {MAX_MESSAGES} are drawn: "
                          "fewer ranks, fewer bytes or larger segments")
@@ -143,8 +145,9 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0,
     sent = result.bytes_sent
     what = algorithm if collective == "allreduce" else f"{collective} {algorithm}" + (
         f" from root {root}" if collective in ("broadcast", "reduce") else "")
-    ax.set_title(f"{what}, {nranks} ranks" + (f" ({topology})" if nodes else "") + f", {count} elements\n"
-                 f"{result.time:g} steps; elements sent per rank {min(sent)}"
+    ax.set_title(f"{what}, {counted(nranks, 'rank')}" + (f" ({topology})" if nodes else "")
+                 + f", {counted(count, 'element')}\n{result.time:g} step{'' if result.time == 1 else 's'}; "
+                 f"elements sent per rank {min(sent)}"
                  + (f"–{max(sent)}" if max(sent) != min(sent) else ""), fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=7, frameon=False)
     for side in ("top", "right", "left"):

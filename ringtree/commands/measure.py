@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -9,14 +10,19 @@ from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
 
-__all__ = ["in_pass_order", "exact_inputs", "time_in_turns", "across_ranks", "bus_factor", "table_rows", "candidates",
-           "smoothed", "BLIP_WITHIN", "UNSPLIT_MAX_BYTES"]
+__all__ = ["COSTS", "in_pass_order", "whole_elements",
+           "exact_inputs", "time_in_turns", "across_ranks", "bus_factor", "table_rows", "candidates",
+           "smoothed", "poor_fit", "BLIP_WITHIN", "UNSPLIT_MAX_BYTES", "POOR_FIT"]
 
 # A size whose winner differs from both its neighbours' (the same one) takes theirs where that is
 # slower by no more than this: on a noisy machine a near-tie would otherwise flip the table for one size.
 BLIP_WITHIN = 0.05
 # Above this size an unsplit message needs scratch as large as the message, so only segments are tried.
 UNSPLIT_MAX_BYTES = 16 << 20
+# A fit whose root mean square of ln(fitted / measured) is above this is poor: its times are typically off by
+# more than a factor of 1.65, where the shipped table's model and calibration (a 2-core VM) are off by 0.2 to 0.33.
+POOR_FIT = 0.5
+COSTS = {"alpha": "α (time per message)", "beta": "β (time per byte sent)", "gamma": "γ (time per byte reduced)"}
 # Batches a call's warm-up may go on past --warmup until it is warm (time_in_turns' settled): online
 # tuning's trials take at most 7 calls of each of 9 candidates.
 SETTLING_BATCHES = 100
@@ -26,6 +32,25 @@ def in_pass_order(sizes: list, k: int) -> list:
     """The sizes in the order pass k times them: every other pass from the largest down, so that no
     size is always timed at the same moment of a run."""
     return sizes if k % 2 == 0 else sizes[::-1]
+
+
+def whole_elements(sizes: list[int], dtype, shares: int = 1, per: str = "") -> tuple[list[int], str | None]:
+    """The element counts a grid of sizes (bytes) times, ascending and each once: each size rounded
+    down to a whole number of `shares` elements (a collective's blocks alike; `per` says what they are
+    of, e.g. "per rank on 3 ranks"), at least one; and a note naming the sizes timed as another, or
+    None. Rounded rather than refused: a geometric grid of sizes, as nccl-tests' -b/-e/-f, meets whole
+    elements per rank at some rank counts and not at others."""
+    counts, moved = set(), []
+    for nbytes in sizes:
+        count = max(1, nbytes // dtype.itemsize // shares) * shares
+        counts.add(count)
+        if count * dtype.itemsize != nbytes:
+            moved.append(f"{nbytes} B as {count * dtype.itemsize} B")
+    if not moved:
+        return sorted(counts), None
+    shown = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
+    return sorted(counts), (f"sizes timed in whole {dtype.itemsize}-byte {dtype} elements{' ' + per if per else ''}, "
+                            f"rounded down to them (one at least): {shown}")
 
 
 def exact_data(comm, count: int, dtype) -> np.ndarray:
@@ -133,6 +158,24 @@ def table_rows(comm, collective: str, algorithms, count: int, dtype, op, passes:
                   f"{row['time_us']:>10.1f} {algbw:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>7} {ratio}",
                   flush=True)
     return rows
+
+
+def poor_fit(what: str, zero: list[str], error: float | None = None) -> str | None:
+    """Why the fit of `what` is poor, or None: the costs named in `zero` came out 0, at the fit's bound
+    (costs are fitted >= 0, and these times fit best with them negative), or the fitted times are
+    `error` (the root mean square of ln(fitted / measured)) above POOR_FIT."""
+    why = []
+    if zero:
+        them = "it" if len(zero) == 1 else "them"
+        why.append(f"{' and '.join(zero)} {'is' if len(zero) == 1 else 'are'} 0, at the fit's bound: these times "
+                   f"fit best with {them} negative, which no cost can be")
+    if error is not None and error > POOR_FIT:
+        why.append(f"the fitted costs miss the measured times by a factor of {math.exp(error):.2f} (the root mean "
+                   f"square of ln(fitted / measured); above {math.exp(POOR_FIT):.2f} is poor)")
+    if not why:
+        return None
+    return (f"a poor fit of {what}: " + "; ".join(why) + ". A loaded machine measures so: measure again on an idle "
+            "one, or with more --passes")
 
 
 def candidates(nbytes: int, algorithms: list[str], segments: list[int]) -> list[tuple[str, int]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import UsageError, image_path, json_file, pyplot
+from ..words import counted
+from .arguments import REDUCING, UsageError, image_path, json_file, pyplot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,13 +80,20 @@ def plot(results: list[dict], output: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.set_title(f"{result['ranks']} ranks, {result['dtype']} {result['op']}"
-                     f"{', in place' if result.get('inplace') else ''}\n{result.get('note') or result['mpi']}",
-                     fontsize=9)
+        ax.set_title(title(result), fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
     fig.savefig(output)
+
+
+def title(result: dict) -> str:
+    """A bench result's panel title: the collective (a file of an older bench, without one, is of
+    allreduce), its ranks, dtype, the op of a collective that reduces, in place or not, and the machine."""
+    collective = result.get("collective", "allreduce")
+    op = result.get("op") if collective in REDUCING else None
+    return (f"{collective}, {counted(result['ranks'], 'rank')}, {result['dtype']}{' ' + op if op else ''}"
+            f"{', in place' if result.get('inplace') else ''}\n{result.get('note') or result['mpi']}")
 
 
 def plot_timeline(trace: dict, output: str, call: int) -> None:

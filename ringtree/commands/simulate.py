@@ -14,7 +14,17 @@ from ..algorithms import ALGORITHMS
 from ..sim import Costs, SimResult, simulate
 from ..sim.calibration import load
 from ..tuning.selector import FALLBACK_MODEL
-from .arguments import UsageError, add_layout_arguments, at_least, format_size, one_of, output_path, parse_size, topology_from
+from ..words import counted
+from .arguments import (
+    UsageError,
+    add_layout_arguments,
+    at_least,
+    format_size,
+    one_of,
+    output_path,
+    parse_size,
+    topology_from,
+)
 
 # Above this many lines of ranks with the same traffic, the table gives each column's range instead.
 MAX_LINES = 16
@@ -110,12 +120,15 @@ def run(args: argparse.Namespace) -> SimResult:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
     _print_table(args, costs, result, ideal, rounding, topology)
+    if args.json:
+        print(f"wrote the result, every rank's traffic, as JSON to {args.json}")
     return result
 
 
 def _print_table(args, costs: Costs, result: SimResult, ideal: float, rounding: str, topology) -> None:
     n, k = args.ranks, args.bytes
-    print(f"# {args.algorithm}, {n} ranks, {format_size(k)} ({k // args.itemsize} elements of {args.itemsize} B)"
+    print(f"# {args.algorithm}, {counted(n, 'rank')}, {format_size(k)} ({counted(k // args.itemsize, 'element')} of "
+          f"{args.itemsize} B)"
           + (f", segments of {format_size(args.segment)}" if args.segment else "")
           + (", a step at a time" if args.stepwise else "")
           + f"; alpha {costs.alpha:.3g} s, beta {costs.beta:.3g} s/B, gamma {costs.gamma:.3g} s/B, "

@@ -12,19 +12,30 @@ from ..tuning.online import NATIVE
 from ..tuning.selector import FORMAT
 from .measure import smoothed
 
-__all__ = ["read_table", "write_table_file", "winners_from", "layout_of", "measured_key", "layout_key", "rules_from",
+__all__ = ["NotATable", "read_table", "write_table_file", "winners_from", "layout_of", "measured_key", "layout_key", "rules_from",
            "merged_rules", "segments_from", "write_table", "size_rules", "case_of"]
 
 
+class NotATable(ValueError):
+    """A file that is not a tuning table: tune does not overwrite it."""
+
+
 def read_table(path: str) -> dict:
-    """The table at `path`, or an empty one where there is no file; SystemExit where the file is not
-    a tuning table (it is not overwritten)."""
+    """The table at `path`, or an empty one where there is none; NotATable (saying what the file is)
+    where the file is not a tuning table, OSError where it cannot be read."""
     data = {"format": FORMAT, "note": "", "rules": [], "models": {}, "segments": {}, "measured": {}}
     if os.path.exists(path):
         with open(path) as f:
-            data.update(json.load(f))
-    if data.get("format") != FORMAT:
-        raise SystemExit(f"{path} is not a ringtree tuning table; not overwriting it")
+            text = f.read()
+        try:
+            found = json.loads(text)
+        except ValueError:
+            raise NotATable(f"{path} is not a ringtree tuning table (not JSON)") from None
+        if not isinstance(found, dict) or found.get("format") != FORMAT:
+            what = ("a JSON object with no \"format\"" if isinstance(found, dict) and "format" not in found else
+                    f"format {found['format']!r}, not {FORMAT!r}" if isinstance(found, dict) else "JSON, not an object")
+            raise NotATable(f"{path} is not a ringtree tuning table ({what})")
+        data.update(found)
     return data
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..words import counted
 from .arguments import UsageError, json_file, output_path
 
 
@@ -20,6 +21,8 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     merge(args.output, args.inputs)
+    print(f"wrote {args.output}: {counted(len(args.inputs), 'trace')} merged, "
+          f"{counted(sum(len(trace['traceEvents']) for trace in args.inputs), 'event')}")
 
 
 def merge(output: str, traces: list[dict]) -> None:

@@ -49,8 +49,9 @@ from ..algorithms import GENERATORS, REGISTRY
 from ..ops import ReduceOp
 from ..runtime.state import cache_identity, comm_state
 from ..tuning import cache
-from ..tuning.model import fit
+from ..tuning.model import fit, fit_error
 from ..tuning.online import NATIVE, Option, key_of
+from ..words import counted
 from .arguments import (
     UsageError,
     at_least,
@@ -62,10 +63,12 @@ from .arguments import (
     positive,
     size_list,
     sizes_from_args,
+    warn,
 )
 from .bench import measure
-from .measure import candidates, in_pass_order, smoothed
+from .measure import COSTS, candidates, in_pass_order, poor_fit, smoothed, whole_elements
 from .table_file import (
+    NotATable,
     case_of,
     layout_key,
     layout_of,
@@ -131,13 +134,14 @@ def run(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     name, rank, nranks = args.collective, comm.Get_rank(), comm.Get_size()
     layout = layout_of(comm_state(comm).topology)
-    table = _table_to_merge(comm, args.output, layout) if args.merge else None
+    table = _existing_table(comm, args.output, layout if args.merge else None)  # before measuring anything
     kept_segments = table["segments"][str(nranks)] if args.merge else None
-    if name == "allreduce":
-        counts = {nbytes: max(1, nbytes // DTYPE.itemsize) for nbytes in sizes_from_args(args)}
-    else:  # every block of the same count: a size rounds down to a whole number of elements per rank
-        counts = {count * DTYPE.itemsize: count for count in sorted(
-            {max(1, nbytes // DTYPE.itemsize // nranks) * nranks for nbytes in sizes_from_args(args)})}
+    # every block of the same count: a size rounds down to a whole number of elements per rank
+    grid, rounded = whole_elements(sizes_from_args(args), DTYPE, 1 if name == "allreduce" else nranks,
+                                   "" if name == "allreduce" else f"per rank on {counted(nranks, 'rank')}")
+    counts = {count * DTYPE.itemsize: count for count in grid}
+    if rank == 0 and rounded:
+        print(f"note: {rounded}")
 
     def cases(nbytes: int) -> dict:
         found = (candidates(nbytes, args.algorithms, args.segments) if kept_segments is None
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace) -> None:
     if rank == 0:
         from tqdm import tqdm
         progress = tqdm(total=args.passes * sum(len(cases(nbytes)) for nbytes in counts), unit="case",
-                        desc=f"tune {name} {nranks} ranks")
+                        desc=f"tune {name} {counted(nranks, 'rank')}")
     # Each pass times the whole grid, the second from the largest size down; a case's time is the
     # mean over passes, so a choice rests on the machine at more than one moment.
     passes: dict[int, list[dict]] = {nbytes: [] for nbytes in counts}
@@ -168,10 +172,13 @@ def run(args: argparse.Namespace) -> None:
         return
     mean = {nbytes: {case: float(np.mean([p[case] for p in runs])) for case in runs[0]}
             for nbytes, runs in passes.items()}
-    if name == "allreduce":
-        _write_allreduce(args, nranks, layout, table, kept_segments, mean, who)
-    else:
-        _write_collective(args, name, nranks, mean)
+    try:
+        if name == "allreduce":
+            _write_allreduce(args, nranks, layout, table, kept_segments, mean, who)
+        else:
+            _write_collective(args, name, nranks, mean)
+    except (NotATable, OSError) as error:  # the file changed while tune measured
+        raise SystemExit(f"tune: cannot write {args.output}: {error}") from None
 
 
 def _write_allreduce(args, nranks: int, layout: dict, table: dict | None, kept_segments: dict | None, mean: dict,
@@ -200,7 +207,11 @@ def _write_allreduce(args, nranks: int, layout: dict, table: dict | None, kept_s
         rules = rules_from(winners, layout)
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
           f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
-    print(f"\n{nranks} ranks: which algorithm wins from which size")
+    poor = poor_fit("the α-β-γ model", [COSTS[name] for name, value in params._asdict().items() if value <= 0],
+                    fit_error(ours, params))
+    if poor:
+        warn(f"{poor}. The model only rules the sizes and rank counts the table does not")
+    print(f"\n{counted(nranks, 'rank')}: which algorithm wins from which size")
     print(f"{'from':>10} {'to':>10}  {'algorithm':<19} segment")
     for rule in rules:
         low, high = rule["bytes"]
@@ -216,7 +227,7 @@ def _write_allreduce(args, nranks: int, layout: dict, table: dict | None, kept_s
         f"({format_size(REGISTRY['allreduce']['ring'].segment)})"))
     write_table(args.output, layout, rules, params, best_segments, args.note, measured)
     covered = [rule["bytes"] for rule in rules]
-    print(f"\nthe table rules sizes up to {format_size(covered[-1][1])} on {nranks} ranks; "
+    print(f"\nthe table rules sizes up to {format_size(covered[-1][1])} on {counted(nranks, 'rank')}; "
           "other sizes go to online tuning (RINGTREE_TUNE=online, the default), else to the fitted model")
     print(f"wrote {args.output}; use it with RINGTREE_TUNING_FILE={args.output}")
 
@@ -230,7 +241,7 @@ def _write_collective(args, name: str, nranks: int, mean: dict) -> None:
              "measured": [{"bytes": nbytes, "algorithm": alg, "segment": seg, "seconds": seconds}
                           for nbytes, times in mean.items() for (alg, seg), seconds in times.items()]}
     for kind in ("rules", "without_native"):
-        print(f"\n{name} on {nranks} ranks, {kind}: which algorithm wins from which size")
+        print(f"\n{name} on {counted(nranks, 'rank')}, {kind}: which algorithm wins from which size")
         print(f"{'from':>10} {'to':>10}  {'algorithm':<19} segment")
         for rule in found[kind]:
             low, high = rule["bytes"]
@@ -257,21 +268,25 @@ def _keep_in_cache(who: dict, mean: dict[int, dict[tuple[str, int], float]]) -> 
     print(f"kept the fastest at each size, native MPI among them, in the tuning cache {path}")
 
 
-def _table_to_merge(comm, path: str, layout: dict) -> dict:
-    """The table at `path`, read on rank 0 and sent to all (the cases every rank times follow from
-    it); SystemExit on every rank where it has no rules and segment sizes for this rank count."""
+def _existing_table(comm, path: str, layout: dict | None) -> dict:
+    """The table at `path` (an empty one where there is none), read on rank 0 and sent to all (with
+    --merge the cases every rank times follow from it); UsageError on every rank where the file is not
+    a tuning table, which tune does not overwrite, or, to merge into (`layout` given), has no rules and
+    segment sizes for this layout."""
     nranks, table, error = comm.Get_size(), None, None
     if comm.Get_rank() == 0:
         try:
             table = read_table(path)
-        except (OSError, ValueError, SystemExit) as failure:
-            error = f"tune --merge: {failure}"
+        except NotATable as failure:
+            error = f"argument -o/--output: {failure}; not overwriting it: name another file"
+        except OSError as failure:
+            error = f"argument -o/--output: cannot read {path}: {failure.strerror}"
         else:
-            if (str(nranks) not in table["segments"]
-                    or not any(layout_key(rule) == layout_key(layout) for rule in table["rules"])):
-                error = (f"tune --merge: {path} has no rules and segment sizes for {nranks} ranks on this layout "
-                         "to merge into; tune the whole grid first")
+            if layout is not None and (str(nranks) not in table["segments"] or not any(
+                    layout_key(rule) == layout_key(layout) for rule in table["rules"])):
+                error = (f"--merge: {path} has no rules and segment sizes for {counted(nranks, 'rank')} on this "
+                         "layout to merge into; tune the whole grid first")
     table, error = comm.bcast((table, error))
     if error:
-        raise SystemExit(error)
+        raise UsageError(error)
     return table

@@ -35,6 +35,7 @@ def run_events(schedules: list[FlatSchedule], call: Call, costs: Costs, trace: b
     with without_gc(), progress_bar(progress, sum(len(s.kinds) for s in schedules), "simulating", "op") as bar:
         ops = _Ops.of(schedules, call.algorithm, call.nranks)
         start, finish, done = _simulate(ops, costs, trace, bar, node_of)
+        bar.update(sum(done) - bar.n)  # the last state shown is the end
         return _result(schedules, ops, call, costs, start, finish, done)
 
 

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 
@@ -18,6 +19,8 @@ __all__ = ["FlatSchedule", "flat_schedule", "flat_schedules", "partners", "progr
 
 # Below this many ranks the schedules are built in this process; above, by one worker per core.
 PARALLEL_FROM_RANKS = 128
+# Seconds between a progress bar's states where stderr is no terminal (a log): the first one too.
+PROGRESS_EVERY = 10.0
 
 
 class FlatSchedule(NamedTuple):
@@ -90,9 +93,13 @@ def partners(schedules: list[FlatSchedule], algorithm: str) -> list[list[int]]:
 
 
 def progress_bar(shown: bool, total: int, what: str, unit: str):
-    """A tqdm progress bar on stderr where `shown` and stderr is a terminal; else one that shows nothing."""
+    """A tqdm progress bar on stderr where `shown`: on a terminal redrawn in place and gone at the end;
+    elsewhere (a log, a pipe) its state every PROGRESS_EVERY seconds, the last one kept, so that a
+    quicker simulation says nothing there. Where not `shown`, one that shows nothing."""
     from tqdm import tqdm
-    return tqdm(total=total, desc=what, unit=unit, leave=False, disable=None if shown else True)
+    terminal = sys.stderr is not None and sys.stderr.isatty()
+    return tqdm(total=total, desc=what, unit=unit, disable=not shown, leave=not terminal,
+                mininterval=0.1 if terminal else PROGRESS_EVERY, delay=0 if terminal else PROGRESS_EVERY)
 
 
 def _counted(items, bar):

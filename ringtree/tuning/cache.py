@@ -16,12 +16,14 @@ half a file. Pure apart from the file system: no MPI.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import pathlib
 import tempfile
 
+from .. import settings
 from ..algorithms import ALGORITHMS
 from .online import NATIVE, Key, Option
 
@@ -69,6 +71,10 @@ def write(path: pathlib.Path, who: dict, choices: dict[Key, Option]) -> None:
     merged = parse(read(path), who) | choices
     data = {"format": FORMAT, "identity": who,
             "choices": [{**key._asdict(), **option._asdict()} for key, option in sorted(merged.items())]}
+    blocking = settings.not_a_folder(str(path.parent))
+    if blocking is not None:  # else mkdir's "File exists", which names neither the file nor the setting
+        raise NotADirectoryError(errno.ENOTDIR, f"{blocking} is a file, not a folder: set RINGTREE_CACHE_DIR to a "
+                                                "folder for the cache", blocking)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".", suffix=".tmp", delete=False) as f:
         json.dump(data, f, indent=1)

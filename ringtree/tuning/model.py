@@ -68,6 +68,14 @@ def fit(measurements: Iterable[tuple[str, int, int, int, float]]) -> Params:
     return Params(*map(float, relative_nnls(np.array(rows), np.array(times))))
 
 
+def fit_error(measurements: Iterable[tuple[str, int, int, int, float]], params: Params) -> float:
+    """How far the model with `params` is from the measurements (as fit() takes them): the root mean
+    square of ln(predicted / measured); 0.5 is typically off by a factor of 1.65."""
+    logs = [math.log(max(predict(algorithm, nranks, nbytes, params, segment), 1e-15) / seconds)
+            for algorithm, nranks, nbytes, segment, seconds in measurements]
+    return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else 0.0
+
+
 def relative_nnls(design: np.ndarray, times: np.ndarray) -> np.ndarray:
     """x ≥ 0 minimising the sum of ((design·x - t) / t)²: every measurement counts alike, whatever its size."""
     scaled = design / times[:, None]
