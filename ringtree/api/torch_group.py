@@ -8,20 +8,23 @@ never on gloo.
 A call torch waits for at once (`async_op=False`: its options' asyncOp) runs ringtree's blocking
 collective, which is quicker for a small one; any other starts the nonblocking one and returns a Work
 (torch_work.py) at once. What MPI moves as it is goes as bytes, so that every dtype travels, and a
-CUDA tensor's through host memory. A tensor must be contiguous, as gloo requires; what the backend
-does not do raises NotImplementedError naming the call.
+CUDA tensor's through host memory. Results are those gloo gives on contiguous tensors: bool tensors
+reduce as gloo reduces them (SUM, MAX and BOR a logical or, PRODUCT, MIN and BAND an and, BXOR an
+exclusive or), and a tensor need not be contiguous: an input is read through a contiguous copy, an
+output written in a contiguous stand-in copied back when the work completes (torch_tensors.Outputs;
+gloo 2.13 reads a strided view as if it were contiguous in all_reduce, broadcast, reduce,
+reduce_scatter and scatter, and refuses one in all_to_all_single, send and recv). What the backend
+does not do, sparse tensors among it, raises NotImplementedError naming the call, and bad arguments
+(lists of the wrong length among them) a ValueError naming the call and the rank, before any message.
 """
 
 from __future__ import annotations
-
-import weakref
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 from ..runtime.in_flight import IN_FLIGHT
-from ..schedule.ir import blocks
 from .allreduce import allreduce, iallreduce
 from .collectives import (
     allgather,
@@ -36,6 +39,18 @@ from .collectives import (
     reduce_scatter,
 )
 from .request import MPIOwn
+from .torch_tensors import (
+    Bytes,
+    Outputs,
+    apart,
+    array,
+    in_place_at,
+    packed,
+    scaled,
+    shares_elements,
+    stand_ins,
+    unpack,
+)
 from .torch_work import Work
 
 __all__ = ["ProcessGroup"]
@@ -45,8 +60,14 @@ _CALLS = {"allreduce": (allreduce, iallreduce), "broadcast": (broadcast, ibroadc
           "allgather": (allgather, iallgather), "reduce_scatter": (reduce_scatter, ireduce_scatter),
           "alltoall": (alltoall, ialltoall)}
 _RedOp = dist.ReduceOp.RedOpType
-_OPS = {_RedOp.SUM: MPI.SUM, _RedOp.AVG: "avg", _RedOp.PRODUCT: MPI.PROD, _RedOp.MIN: MPI.MIN, _RedOp.MAX: MPI.MAX,
-        _RedOp.BAND: MPI.BAND, _RedOp.BOR: MPI.BOR, _RedOp.BXOR: MPI.BXOR}
+# torch's op, by its value (pybind's enums hash slowly): the MPI op (or "avg"), and the one on bool tensors
+# that gives gloo's result (measured, torch 2.13; MPI's arithmetic ops take no bool), or None where gloo has none.
+_OPS = {op.value: ops for op, ops in {
+    _RedOp.SUM: (MPI.SUM, MPI.LOR), _RedOp.AVG: ("avg", None), _RedOp.PRODUCT: (MPI.PROD, MPI.LAND),
+    _RedOp.MIN: (MPI.MIN, MPI.LAND), _RedOp.MAX: (MPI.MAX, MPI.LOR), _RedOp.BAND: (MPI.BAND, MPI.LAND),
+    _RedOp.BOR: (MPI.BOR, MPI.LOR), _RedOp.BXOR: (MPI.BXOR, MPI.LXOR), _RedOp.PREMUL_SUM: (MPI.SUM, None)}.items()}
+_PREMUL_SUM = _RedOp.PREMUL_SUM.value
+_SUM = dist.ReduceOp(dist.ReduceOp.SUM)  # where a call has no options
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -76,76 +97,112 @@ class ProcessGroup(dist.ProcessGroup):
     # Reductions and broadcasts: ringtree's schedules.
 
     def allreduce(self, tensors, opts=None) -> Work:
-        op, factor = self._op("allreduce", opts, tensors)
-        if factor is not None:
-            for t in tensors:
-                t.mul_(factor)
-        return Work([_run(opts, "allreduce", MPI.IN_PLACE, _array(t), op, comm=self.comm) for t in tensors], tensors)
+        return self._allreduce("all_reduce", tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None) -> Work:
-        return self.allreduce(tensors, opts)
+        return self._allreduce("all_reduce_coalesced", tensors, opts)
+
+    def _allreduce(self, name: str, tensors, opts) -> Work:
+        op_of, factor = self._op(name, opts, (), tensors)
+        outputs, buffers = stand_ins(tensors, factor)
+        return Work([_run(opts, "allreduce", MPI.IN_PLACE, array(b), op_of(b), comm=self.comm) for b in buffers],
+                    tensors, outputs.then())
 
     def broadcast(self, tensors, opts=None) -> Work:
         root = 0 if opts is None else opts.rootRank
-        self._contiguous("broadcast", tensors)
-        return Work([_run(opts, "broadcast", _array(t), root, comm=self.comm) for t in tensors], tensors)
+        self._check("broadcast", (), tensors)
+        outputs, buffers = stand_ins(tensors)
+        return Work([_run(opts, "broadcast", array(b), root, comm=self.comm) for b in buffers], tensors, outputs.then())
 
     def reduce(self, tensors, opts=None) -> Work:
-        op, factor = self._op("reduce", opts, tensors)
         root = 0 if opts is None else opts.rootRank
-        if self.comm.Get_rank() == root:
-            for t in tensors if factor is not None else ():
-                t.mul_(factor)
-            requests = [_run(opts, "reduce", MPI.IN_PLACE, _array(t), op, root, comm=self.comm) for t in tensors]
-        else:
-            requests = [_run(opts, "reduce", _array(_scaled(t, factor)), None, op, root, comm=self.comm) for t in tensors]
-        return Work(requests, tensors)
+        at_root = self.comm.Get_rank() == root
+        op_of, factor = self._op("reduce", opts, () if at_root else tensors, tensors if at_root else ())
+        if not at_root:
+            return Work([_run(opts, "reduce", array(scaled(t, factor).contiguous()), None, op_of(t), root, comm=self.comm)
+                         for t in tensors], tensors)
+        outputs, buffers = stand_ins(tensors, factor)
+        return Work([_run(opts, "reduce", MPI.IN_PLACE, array(b), op_of(b), root, comm=self.comm) for b in buffers],
+                    tensors, outputs.then())
 
     def allgather(self, output_lists, inputs, opts=None) -> Work:
-        self._contiguous("all_gather", inputs, *output_lists)
+        self._count("all_gather", "the list of outputs", output_lists, len(inputs), "input", "lists")
+        for outputs in output_lists:
+            self._count("all_gather", "an output list", outputs, self.comm.Get_size(), "rank")
+        return self._allgather("all_gather", output_lists, inputs, opts, output_lists)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None) -> Work:
+        # torch's outputs are [rank][tensor] (its docstring; gloo's too), _allgather's [tensor][rank]
+        self._count("all_gather_coalesced", "the list of outputs", output_lists, self.comm.Get_size(), "rank", "lists")
+        for outputs in output_lists:
+            self._count("all_gather_coalesced", "an output list", outputs, len(inputs), "input")
+        return self._allgather("all_gather_coalesced", [list(by_rank) for by_rank in zip(*output_lists)], inputs,
+                               opts, output_lists)
+
+    def _allgather(self, name: str, output_lists, inputs, opts, result) -> Work:
+        """Each input gathered into its list of outputs, one per rank, on ringtree's allgather."""
+        rank = self.comm.Get_rank()
+        self._check(name, inputs, [t for outputs in output_lists for t in outputs])
+        for outputs, tensor in zip(output_lists, inputs):
+            if outputs[rank].numel() != tensor.numel():
+                raise ValueError(f"ringtree {name} on rank {rank}: its own output has {outputs[rank].numel()} "
+                                 f"elements, its input {tensor.numel()}")
+            if any(output.dtype != tensor.dtype for output in outputs):
+                raise TypeError(f"ringtree {name} on rank {rank}: an output's dtype is not its input's, {tensor.dtype}")
         requests, copies = [], []
         for outputs, tensor in zip(output_lists, inputs):
             counts = [t.numel() for t in outputs]
-            packed = tensor.new_empty(sum(counts))
-            requests.append(_run(opts, "allgather", _array(tensor), _array(packed), counts, comm=self.comm))
-            copies.append((outputs, packed, counts))
-        return Work(requests, output_lists, lambda: [_unpack(*copy) for copy in copies])
-
-    def allgather_coalesced(self, output_lists, inputs, opts=None) -> Work:
-        return self.allgather(output_lists, inputs, opts)
+            whole = tensor.new_empty(sum(counts))
+            requests.append(_run(opts, "allgather", array(tensor.contiguous()), array(whole), counts, comm=self.comm))
+            copies.append((outputs, whole, counts))
+        return Work(requests, result, lambda: [unpack(*copy) for copy in copies])
 
     def all_gather_single(self, output, tensor, opts=None) -> Work:
         return self.all_gather_single_coalesced([output], [tensor], opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> Work:
-        self._contiguous("all_gather_into_tensor", outputs, inputs)
-        self._multiple("all_gather_into_tensor", outputs, inputs)
-        rank = self.comm.Get_rank()
-        return Work([_run(opts, "allgather", _in_place_at(t, out, rank) or _array(_apart(t, out)),
-                          _array(out), comm=self.comm) for out, t in zip(outputs, inputs)], outputs)
+        name, rank = "all_gather_into_tensor", self.comm.Get_rank()
+        self._count(name, "the list of outputs", outputs, len(inputs), "input")
+        self._check(name, inputs, outputs)
+        self._multiple(name, outputs, inputs)
+        targets, requests = Outputs(), []
+        for output, tensor in zip(outputs, inputs):
+            target, tensor = targets.of(output), tensor.contiguous()
+            requests.append(_run(opts, "allgather", in_place_at(tensor, target, rank) or array(apart(tensor, target)),
+                                 array(target), comm=self.comm))
+        return Work(requests, outputs, targets.then())
 
     _allgather_base = all_gather_single
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None) -> Work:
-        op, factor = self._op("reduce_scatter", opts, outputs, *input_lists)
-        requests = []
+        self._count("reduce_scatter", "the list of inputs", input_lists, len(outputs), "output", "lists")
+        for inputs in input_lists:
+            self._count("reduce_scatter", "an input list", inputs, self.comm.Get_size(), "rank")
+        op_of, factor = self._op("reduce_scatter", opts, [t for inputs in input_lists for t in inputs], outputs)
+        targets, requests = Outputs(), []
         for output, inputs in zip(outputs, input_lists):
-            packed = torch.cat([t.reshape(-1) for t in inputs]) if inputs else output.new_empty(0)
+            whole = packed(inputs)
             if factor is not None:
-                packed.mul_(factor)
-            counts = [t.numel() for t in inputs]
-            requests.append(_run(opts, "reduce_scatter", _array(packed), _array(output), counts, op, comm=self.comm))
-        return Work(requests, outputs)
+                whole.mul_(factor)
+            requests.append(_run(opts, "reduce_scatter", array(whole), array(targets.of(output)),
+                                 [t.numel() for t in inputs], op_of(output), comm=self.comm))
+        return Work(requests, outputs, targets.then())
 
     def reduce_scatter_single(self, output, tensor, opts=None) -> Work:
         return self.reduce_scatter_single_coalesced([output], [tensor], opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> Work:
-        op, factor = self._op("reduce_scatter_tensor", opts, outputs, inputs)
-        self._multiple("reduce_scatter_tensor", outputs, inputs, scattered=True)
-        return Work([_run(opts, "reduce_scatter", _array(_apart(_scaled(t, factor), out)),
-                          _array(out), None, op, comm=self.comm) for out, t in zip(outputs, inputs)], outputs)
+        name = "reduce_scatter_tensor"
+        self._count(name, "the list of outputs", outputs, len(inputs), "input")
+        op_of, factor = self._op(name, opts, inputs, outputs)
+        self._multiple(name, outputs, inputs, scattered=True)
+        targets, requests = Outputs(), []
+        for output, tensor in zip(outputs, inputs):
+            target = targets.of(output)
+            requests.append(_run(opts, "reduce_scatter", array(apart(scaled(tensor, factor).contiguous(), target)),
+                                 array(target), None, op_of(tensor), comm=self.comm))
+        return Work(requests, outputs, targets.then())
 
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -154,66 +211,72 @@ class ProcessGroup(dist.ProcessGroup):
     # all_to_all_single of host tensors.
 
     def all_to_all_single(self, output, tensor, output_splits, input_splits, opts=None) -> Work:
-        self._contiguous("all_to_all_single", [output, tensor])
-        size = self.comm.Get_size()
+        name, size = "all_to_all_single", self.comm.Get_size()
+        self._check(name, [tensor], [output])
         split = bool(output_splits or input_splits)
-        send_counts = self._splits("all_to_all_single", tensor, input_splits, size, "input_split_sizes")
-        receive_counts = self._splits("all_to_all_single", output, output_splits, size, "output_split_sizes")
+        send_counts = self._splits(name, tensor, input_splits, size, "input_split_sizes")
+        receive_counts = self._splits(name, output, output_splits, size, "output_split_sizes")
         if not split and output.numel() != tensor.numel():
-            raise ValueError(f"ringtree all_to_all_single on rank {self.comm.Get_rank()}: the output has "
+            raise ValueError(f"ringtree {name} on rank {self.comm.Get_rank()}: the output has "
                              f"{output.numel()} elements, the input {tensor.numel()}")
-        source, target = _array(tensor), _array(output)
-        if not (isinstance(source, torch.Tensor) or isinstance(target, torch.Tensor)):
+        targets = Outputs()
+        contiguous, target = tensor.contiguous(), targets.of(output)
+        source, target_array = array(contiguous), array(target)
+        if not (isinstance(source, torch.Tensor) or isinstance(target_array, torch.Tensor)):
             # ringtree's alltoall; given splits, its exchange of counts checks them against the other ranks'
-            same = tensor.numel() and tensor.data_ptr() == output.data_ptr()
+            same = contiguous.numel() and contiguous.data_ptr() == target.data_ptr()
             counts = (send_counts, receive_counts) if split else ()
-            return Work([_run(opts, "alltoall", MPI.IN_PLACE if same else source, target, *counts, comm=self.comm)],
-                        [output])
-        send, receive = _Bytes(tensor), _Bytes(output)
+            return Work([_run(opts, "alltoall", MPI.IN_PLACE if same else source, target_array, *counts,
+                              comm=self.comm)], [output], targets.then())
+        send, receive = Bytes(tensor), Bytes(output)
         return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
                     [output], receive.back)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs, inputs, opts=None) -> Work:
-        self._contiguous("all_to_all", outputs, inputs)
-        send, receive = _Bytes(_packed(inputs)), _Bytes(outputs[0].new_empty(sum(t.numel() for t in outputs)))
+        self._count("all_to_all", "the list of outputs", outputs, self.comm.Get_size(), "rank")
+        self._count("all_to_all", "the list of inputs", inputs, self.comm.Get_size(), "rank")
+        self._check("all_to_all", inputs, outputs)
+        send, receive = Bytes(packed(inputs)), Bytes(outputs[0].new_empty(sum(t.numel() for t in outputs)))
         send_counts, receive_counts = [t.numel() for t in inputs], [t.numel() for t in outputs]
         return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
-                    outputs, lambda: (receive.back(), _unpack(outputs, receive.tensor, receive_counts)))
+                    outputs, lambda: (receive.back(), unpack(outputs, receive.tensor, receive_counts)))
 
     def gather(self, output_lists, inputs, opts=None) -> Work:
         root, rank = opts.rootRank, self.comm.Get_rank()
-        self._contiguous("gather", inputs, *output_lists)
-        send = _Bytes(inputs[0])
+        self._check("gather", inputs, [t for outputs in output_lists for t in outputs])
+        send = Bytes(inputs[0])
         if rank != root:
             return Work([self._mpi(opts, "Igatherv", send.message(), None, root)], output_lists)
         outputs = output_lists[0]
+        self._count("gather", "the output list", outputs, self.comm.Get_size(), "rank")
         counts = [t.numel() for t in outputs]
-        receive = _Bytes(outputs[0].new_empty(sum(counts)))
+        receive = Bytes(outputs[0].new_empty(sum(counts)))
         return Work([self._mpi(opts, "Igatherv", send.message(), receive.message(counts), root)],
-                    output_lists, lambda: (receive.back(), _unpack(outputs, receive.tensor, counts)))
+                    output_lists, lambda: (receive.back(), unpack(outputs, receive.tensor, counts)))
 
     def scatter(self, outputs, input_lists, opts=None) -> Work:
         root, rank = opts.rootRank, self.comm.Get_rank()
-        self._contiguous("scatter", outputs, *input_lists)
-        receive = _Bytes(outputs[0])
+        self._check("scatter", [t for inputs in input_lists for t in inputs], outputs)
+        receive = Bytes(outputs[0])
         if rank != root:
             return Work([self._mpi(opts, "Iscatterv", None, receive.message(), root)], outputs, receive.back)
         inputs = input_lists[0]
-        send = _Bytes(_packed(inputs))
+        self._count("scatter", "the input list", inputs, self.comm.Get_size(), "rank")
+        send = Bytes(packed(inputs))
         counts = [t.numel() for t in inputs]
         return Work([self._mpi(opts, "Iscatterv", send.message(counts), receive.message(), root)],
                     outputs, receive.back)
 
     def send(self, tensors, dst, tag) -> Work:
-        self._contiguous("send", tensors)
-        data = _Bytes(tensors[0])
+        self._check("send", tensors, ())
+        data = Bytes(tensors[0])
         return Work([self._mpi(None, "Isend", data.message(), dst, tag)], tensors)
 
     def recv(self, tensors, src, tag) -> Work:
-        self._contiguous("recv", tensors)
-        data = _Bytes(tensors[0])
+        self._check("recv", (), tensors)
+        data = Bytes(tensors[0])
         return Work([self._mpi(None, "Irecv", data.message(), src, tag)], tensors, data.back)
 
     def recv_anysource(self, tensors, tag) -> Work:
@@ -225,23 +288,36 @@ class ProcessGroup(dist.ProcessGroup):
 
     # The checks every call makes before it starts anything.
 
-    def _op(self, name: str, opts, *tensor_lists):
-        """The MPI op (or "avg") of `opts`, and PREMUL_SUM's factor (SUM of the inputs times it), or None."""
-        self._contiguous(name, *tensor_lists)
-        reduce_op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
-        if reduce_op.op == _RedOp.PREMUL_SUM:
-            return MPI.SUM, reduce_op.factor
-        try:
-            return _OPS[reduce_op.op], None
-        except KeyError:
-            raise NotImplementedError(f"ringtree's torch backend: {name} with {reduce_op.op} is not supported") from None
+    def _op(self, name: str, opts, inputs, outputs):
+        """The MPI op of `opts` for a tensor (a function of it: bool tensors take the logical op that
+        gives gloo's result), and PREMUL_SUM's factor (SUM of the inputs times it), or None."""
+        self._check(name, inputs, outputs)
+        reduce_op = _SUM if opts is None else opts.reduceOp
+        kind = reduce_op.op.value
+        if kind not in _OPS:
+            raise NotImplementedError(f"ringtree's torch backend: {name} with {reduce_op.op} is not supported")
+        op, on_bool = _OPS[kind]
+        factor = reduce_op.factor if kind == _PREMUL_SUM else None
+        if on_bool is None and any(t.dtype is torch.bool for t in (*inputs, *outputs)):
+            raise TypeError(f"ringtree {name} on rank {self.comm.Get_rank()}: {reduce_op.op} of bool tensors is "
+                            "not defined (gloo refuses it too)")
+        return (lambda tensor: on_bool if tensor.dtype is torch.bool else op), factor
 
-    def _contiguous(self, name: str, *tensor_lists) -> None:
-        for tensors in tensor_lists:
-            for tensor in tensors:
-                if not tensor.is_contiguous():
-                    raise ValueError(f"ringtree {name} on rank {self.comm.Get_rank()}: tensors must be contiguous "
-                                     f"(got one of shape {tuple(tensor.shape)}, strides {tensor.stride()})")
+    def _check(self, name: str, inputs, outputs) -> None:
+        """Refuse what the backend cannot take: sparse tensors, and outputs whose elements share memory."""
+        for tensor in (*inputs, *outputs):
+            if tensor.layout != torch.strided:
+                raise NotImplementedError(f"ringtree's torch backend: {name} of a sparse tensor (layout "
+                                          f"{tensor.layout}) is not supported; pass its dense form (to_dense())")
+        for tensor in outputs:
+            if not tensor.is_contiguous() and shares_elements(tensor):
+                raise ValueError(f"ringtree {name} on rank {self.comm.Get_rank()}: an output of shape "
+                                 f"{tuple(tensor.shape)}, strides {tensor.stride()}, has elements that share memory")
+
+    def _count(self, name: str, what: str, items, expected: int, each: str, noun: str = "tensors") -> None:
+        if len(items) != expected:
+            raise ValueError(f"ringtree {name} on rank {self.comm.Get_rank()}: {what} holds {len(items)} {noun}, "
+                             f"not one per {each} ({expected})")
 
     def _multiple(self, name: str, outputs, inputs, scattered: bool = False) -> None:
         size = self.comm.Get_size()
@@ -274,28 +350,6 @@ class ProcessGroup(dist.ProcessGroup):
         return MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments))
 
 
-class _Bytes:
-    """A contiguous tensor as bytes MPI moves: its own memory on the CPU, a host copy of a CUDA one
-    (`back()` copies what was received into the tensor)."""
-
-    def __init__(self, tensor) -> None:
-        self.tensor = tensor
-        self.host = tensor.detach().cpu() if tensor.device.type != "cpu" else tensor.detach()
-        self.item = tensor.element_size()
-        self.memory = self.host.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else bytearray()
-
-    def message(self, counts=None):
-        """[memory, MPI.BYTE], or with `counts` (elements per rank) [memory, (bytes, offsets), MPI.BYTE]."""
-        if counts is None:
-            return [self.memory, MPI.BYTE]
-        placed = blocks(tuple(c * self.item for c in counts))
-        return [self.memory, ([size for _, size in placed], [offset for offset, _ in placed]), MPI.BYTE]
-
-    def back(self) -> None:
-        if self.host.data_ptr() != self.tensor.data_ptr():  # a host copy
-            self.tensor.copy_(self.host)
-
-
 def _waited_at_once(opts) -> bool:
     """Whether torch waits for the call as soon as it returns (async_op=False)."""
     return opts is not None and not opts.asyncOp
@@ -308,64 +362,3 @@ def _run(opts, name: str, *arguments, **options):
         _CALLS[name][0](*arguments, **options)
         return None
     return _CALLS[name][1](*arguments, **options)
-
-
-def _array(tensor):
-    """A CPU tensor as a flat numpy array on its memory, the same array for the same tensor while it
-    keeps its memory and shape (so that ringtree's calls repeated on it run bound to it, as on the
-    same numpy arrays: again.AGAIN); ringtree's own conversion of any buffer, through DLPack, costs
-    some 10 µs a call more. A CUDA tensor, or one of a dtype numpy lacks, as it is."""
-    key = id(tensor)
-    kept = _VIEWS.get(key)
-    if kept is not None and kept[0]() is tensor and kept[1] == tensor.data_ptr() and kept[2].size == tensor.numel():
-        return kept[2]
-    if tensor.device.type != "cpu" or tensor.is_conj() or tensor.is_neg():
-        return tensor
-    try:
-        if tensor.dtype is torch.bfloat16:
-            import ml_dtypes
-
-            array = tensor.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16).reshape(-1)
-        else:
-            array = tensor.detach().numpy().reshape(-1)
-    except (TypeError, ImportError):  # ringtree's conversion says what is wrong
-        return tensor
-    if len(_VIEWS) >= _MAX_VIEWS:
-        _VIEWS.clear()
-    _VIEWS[key] = (weakref.ref(tensor, lambda ref: _VIEWS.get(key, (None,))[0] is ref and _VIEWS.pop(key)),
-                   tensor.data_ptr(), array)
-    return array
-
-
-_VIEWS: dict = {}  # id(tensor) -> (a weak reference to it, its data_ptr, its array)
-_MAX_VIEWS = 1024
-
-
-def _in_place_at(tensor, output, rank: int):
-    """MPI.IN_PLACE where `tensor` is block `rank` of `output` (FSDP gathers so), else None."""
-    n = tensor.numel()
-    if n and tensor.dtype == output.dtype and tensor.data_ptr() == output.data_ptr() + rank * n * tensor.element_size():
-        return MPI.IN_PLACE
-    return None
-
-
-def _apart(tensor, output):
-    """`tensor`, or a copy where its memory overlaps `output`'s (ringtree refuses inputs that overlap outputs)."""
-    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
-    out_start = output.data_ptr()
-    overlaps = tensor.numel() and output.numel() and start < out_start + output.numel() * output.element_size() \
-        and out_start < end
-    return tensor.clone() if overlaps else tensor
-
-
-def _scaled(tensor, factor):
-    return tensor if factor is None else tensor * factor
-
-
-def _packed(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
-
-
-def _unpack(outputs, packed, counts) -> None:
-    for output, part in zip(outputs, packed.split(counts)):
-        output.copy_(part.view(output.shape))

@@ -2,7 +2,8 @@
 returns, and what DDP and the functional collectives wait on from C++.
 
 A work holds the requests of its call (ringtree's own, or MPI's own wrapped in request.MPIOwn) and
-what is left to do once they are done (copies out of a packed buffer). `wait()` waits for them as
+what is left to do once they are done (copies out of a packed buffer, or out of the contiguous
+stand-in of an output that is not contiguous). `wait()` waits for them as
 any ringtree wait does. `get_future()` hands out a torch Future that completes without anyone
 calling into ringtree, for C++ code (DDP's reducer) waits on it with no Python running:
 - a work on host tensors is waited for at once, in the calling thread: on the CPU the ranks have
