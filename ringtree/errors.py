@@ -11,13 +11,16 @@ class TimeoutError(builtins.TimeoutError):
     """A collective made no progress for its timeout. The message names the collective, its
     algorithm, the op and peer this rank waits for, and the ranks that are not in the collective:
     `missing` lists the ranks in no ringtree collective on the communicator, `elsewhere` maps the
-    ranks in another one to its call number. The communicator cannot be used for ringtree
-    collectives afterwards."""
+    ranks in another one to its call number. `given_up_by`: where another rank timed out and gave
+    the call up, which this rank then could not end alike, that rank (else None). The communicator
+    cannot be used for ringtree collectives afterwards."""
 
-    def __init__(self, message: str, missing: list[int] | None = None, elsewhere: dict[int, int] | None = None) -> None:
+    def __init__(self, message: str, missing: list[int] | None = None, elsewhere: dict[int, int] | None = None,
+                 given_up_by: int | None = None) -> None:
         super().__init__(message)
         self.missing = missing or []
         self.elsewhere = elsewhere or {}
+        self.given_up_by = given_up_by
 
 
 class PeerFailure(RuntimeError):

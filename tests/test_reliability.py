@@ -126,6 +126,7 @@ MISMATCHES = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 @pytest.mark.parametrize("receives", ["", "probe first"])
 @pytest.mark.parametrize("nranks", [2, 3, 5])
@@ -245,6 +246,7 @@ NEVER_JOINS = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 @pytest.mark.parametrize("nranks, how, collective", [(2, "argument", "allreduce"), (4, "argument", "allreduce"),
                                                      (3, "environment", "allreduce"), (3, "argument", "broadcast")])
@@ -267,6 +269,7 @@ def test_a_rank_that_never_joins_is_named_on_every_other_rank_within_the_timeout
         assert following.startswith(f"next call: ringtree on rank {rank}: this communicator is unusable"), following
 
 
+@pytest.mark.slow
 @one_rank_only
 def test_in_check_mode_the_timeout_names_the_users_call_and_the_rank_that_never_joins(tmp_path):
     run, _ = _run_script(3, NEVER_JOINS, "2", str(tmp_path), "check")
@@ -280,6 +283,7 @@ def test_in_check_mode_the_timeout_names_the_users_call_and_the_rank_that_never_
         assert "777 elements" in following and "recursive_doubling" not in following, following
 
 
+@pytest.mark.slow
 @one_rank_only
 def test_RINGTREE_CHECK_turns_check_mode_on_for_every_call():
     script = """
@@ -300,6 +304,7 @@ def test_RINGTREE_CHECK_turns_check_mode_on_for_every_call():
                "count: 10 on rank 0; 11 on rank 1" in run.stdout, run.stdout
 
 
+@pytest.mark.slow
 def test_first_call_on_a_communicator_times_out_too():
     script = """
         import sys, time
@@ -323,6 +328,74 @@ def test_first_call_on_a_communicator_times_out_too():
     assert "not every rank of MPI_COMM_WORLD came to its first ringtree collective within 1 s" in run.stdout
 
 
+LATE = """
+    import time
+    import numpy as np
+    from mpi4py import MPI
+    import ringtree
+    world = MPI.COMM_WORLD
+    rank, late, timeout = world.Get_rank(), world.Get_size() - 1, 0.5
+    pairs = np.zeros(2, np.dtype([("value", "f8"), ("rank", "i4")], align=True))
+
+    def allreduce(comm, algorithm, **options):
+        return lambda: ringtree.allreduce(np.ones(100, np.float32), comm=comm, algorithm=algorithm, **options)
+
+    # Each way a timed call can run: the engine's algorithms, auto committed (online tuning's choice
+    # kept, as from a warm cache) and in a trial's barrier, check mode's comparison, a broadcast,
+    # a call MPI's own computes, an empty call.
+    cases = {name: (lambda comm, name=name: allreduce(comm, name, timeout=timeout), 0)
+             for name in ("ring", "tree", "recursive_doubling", "rabenseifner", "double_tree")}
+    cases["auto, committed"] = (lambda comm: allreduce(comm, "auto", timeout=timeout), 300)
+    cases["auto, a trial"] = (lambda comm: allreduce(comm, "auto", timeout=timeout), 0)
+    cases["check mode"] = (lambda comm: allreduce(comm, "recursive_doubling", timeout=timeout, check=True), 0)
+    cases["broadcast"] = (lambda comm: lambda: ringtree.broadcast(np.ones(50), timeout=timeout, comm=comm), 0)
+    cases["MAXLOC"] = (lambda comm: lambda: ringtree.allreduce([pairs, MPI.DOUBLE_INT], op=MPI.MAXLOC, timeout=timeout,
+                                                              comm=comm), 1)
+    cases["empty"] = (lambda comm: lambda: ringtree.allreduce(np.ones(0), timeout=timeout, comm=comm), 1)
+    for label, (made, before) in cases.items():
+        comm = world.Dup()
+        call = made(comm)
+        ringtree.allreduce(np.ones(3), comm=comm)  # sets up
+        for _ in range(before):  # the same call, in step: as a program's earlier steps
+            call()
+        world.Barrier()
+        if rank == late:
+            time.sleep(timeout + 0.8)
+        started = time.perf_counter()
+        try:
+            call()
+            outcome = "returned"
+        except ringtree.TimeoutError as error:
+            outcome = "given up by another" if "gave this call up after its timeout" in str(error) else f"timed out ({error})"
+        try:
+            call()
+            after = "the next call returned"
+        except (ringtree.TimeoutError, ringtree.MismatchError) as error:
+            after = "unusable" if "unusable after" in str(error) else f"the next call: {error}"
+        elapsed = time.perf_counter() - started
+        lines = world.gather(f"{label}, rank {rank}: {outcome}, {after}, {elapsed:.1f} s")
+        if rank == 0:
+            print("\\n".join(lines), flush=True)
+"""
+
+
+@pytest.mark.slow
+@one_rank_only
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_timeout_leaves_every_rank_in_the_same_state_the_late_one_too(nranks):
+    # Both ranks call with a timeout, the last rank comes later than it: the others time out, and it
+    # raises too, though the messages it needed may all have arrived.
+    run, _ = _run_script(nranks, LATE, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 11 * nranks, run.stdout + run.stderr
+    for line in lines:
+        rank, outcome = line.split(", rank ", 1)[1].split(": ", 1)
+        what, after, seconds = outcome.rsplit(", ", 2)
+        assert what == "given up by another" or int(rank) < nranks - 1 and what.startswith("timed out"), line
+        assert after == "unusable" and float(seconds.split()[0]) < 5, line
+
+
 DIES = """
     import os, time
     import numpy as np
@@ -337,6 +410,7 @@ DIES = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 def test_a_rank_that_dies_mid_allreduce_ends_the_job_with_an_error():
     run, seconds = _run_script(3, DIES, timeout=90)
@@ -362,6 +436,7 @@ DIES_AND_REPORTS = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 @pytest.mark.skipif("MPICH" not in MPI.Get_library_version(), reason="-disable-auto-cleanup is MPICH's launcher's")
 @pytest.mark.parametrize("shm, named", [
@@ -383,6 +458,7 @@ def test_a_rank_that_dies_is_named_and_the_job_ends_even_when_the_launcher_would
         assert "ringtree ends the job (MPI_Abort) when this process exits" in report, report
 
 
+@pytest.mark.slow
 @one_rank_only
 @pytest.mark.skipif("Open MPI" not in MPI.Get_library_version(),
                     reason="ULFM fault tolerance is Open MPI's (mpiexec --with-ft ulfm); this MPI is another")
@@ -407,10 +483,12 @@ STALLS = """
     rank = MPI.COMM_WORLD.Get_rank()
     small, out = np.ones(4, np.float32), np.empty(4, np.float32)
     allreduce(small, out, algorithm="recursive_doubling")  # sets up; the next call on these arrays is a repeat
+    pairs = np.zeros(2, np.dtype([("value", "f8"), ("rank", "i4")], align=True))
     calls = {"repeat": lambda: allreduce(small, out, algorithm="recursive_doubling"),
              "stepwise": lambda: allreduce(np.ones(8), algorithm="tree"),
              "engine": lambda: allreduce(np.ones(1 << 18), algorithm="ring", segment=1 << 16),
-             "tuning": lambda: allreduce(np.ones(3))}
+             "tuning": lambda: allreduce(np.ones(3)),
+             "MPI's own": lambda: allreduce([pairs, MPI.DOUBLE_INT], op=MPI.MAXLOC)}
     for label, call in calls.items():
         if rank == 1:
             time.sleep(float(sys.argv[1]))  # late, by more than the warning's interval
@@ -419,18 +497,19 @@ STALLS = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 def test_a_rank_that_waits_with_no_progress_warns_at_each_interval_naming_whom_it_waits_for():
     run, _ = _run_script(2, STALLS, "2.6", env={"RINGTREE_STALL_WARNING": "1"})
     assert run.returncode == 0, run.stdout + run.stderr
     sections = run.stderr.split("rank 0 starts ")[1:]
-    assert len(sections) == 4, run.stderr
-    for label, section in zip(("repeat", "stepwise", "engine", "tuning"), sections):
+    assert len(sections) == 5, run.stderr
+    waits = {"tuning": "barrier that starts a tuning trial", "MPI's own": "MPI.MAXLOC, algorithm auto), in MPI's own"}
+    for label, section in zip(("repeat", "stepwise", "engine", "tuning", "MPI's own"), sections):
         warnings = [line for line in section.splitlines() if "no progress for" in line]
         assert len(warnings) >= 2 and all("on rank 0 of ringtree(MPI_COMM_WORLD)" in w for w in warnings), section
         assert "no progress for 1 s" in warnings[0] and "no progress for 2 s" in warnings[1], section
-        assert all(("barrier that starts a tuning trial" if label == "tuning" else "it waits for rank 1") in w
-                   for w in warnings), section
+        assert all(waits.get(label, "it waits for rank 1") in w for w in warnings), section
     assert not [line for line in run.stderr.splitlines() if "on rank 1 of" in line]  # it never waited long
     quiet, _ = _run_script(2, STALLS, "1.5", env={"RINGTREE_STALL_WARNING": "off"})
     assert quiet.returncode == 0 and "no progress" not in quiet.stderr, quiet.stderr
@@ -459,6 +538,7 @@ THREAD_STALLS = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 def test_a_stall_in_one_thread_warns_while_another_thread_is_not_stalled():
     run, _ = _run_script(2, THREAD_STALLS, env={"RINGTREE_STALL_WARNING": "1"})

@@ -177,3 +177,40 @@ def test_without_the_setting_host_arrays_go_by_mpi(comm):
     state = comm_state(mine)
     assert state.shared_window is None and state.transports.get("shm") is None
     mine.Free()
+
+
+FREED_APART = """
+    import time
+    import numpy as np
+    from mpi4py import MPI
+    import ringtree
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    comms = [world.Dup() for _ in range(3)]
+    for comm in comms:
+        ringtree.allreduce(np.ones(1 << 16), comm=comm)  # sets it up, with its node's window
+    try:  # one broken on every rank: its state, and its window, are kept; the window freed at exit
+        ringtree.allreduce(np.ones(10 + (rank == 0)), comm=comms[2])
+    except ringtree.MismatchError:
+        pass
+    for comm in comms:
+        if rank == 0:
+            time.sleep(1.5)  # frees each communicator, and its window, well after the others
+        comm.Free()
+    total = ringtree.allreduce(np.ones(4))
+    print(f"rank {rank}: {total[0]:.0f}", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+def test_ranks_that_free_their_communicators_apart_free_the_windows_together_and_exit(tmp_path):
+    # Whether to free a window is the node's answer: a rank that waited for the others on its own
+    # clock and gave up, while they went on into MPI's Win_free, hung the job at exit.
+    import textwrap
+
+    from conftest import run_mpiexec
+
+    run = run_mpiexec(3, "-c", textwrap.dedent(FREED_APART), env={"RINGTREE_SHM": "on"}, timeout=90)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(run.stdout.split("\n")[:3]) == [f"rank {rank}: 3" for rank in range(3)], run.stdout + run.stderr

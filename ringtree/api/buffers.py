@@ -18,14 +18,12 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from .. import tensors
-from ..debug import configure_debug_logging, log
 from ..ops import op_name, parse_op
 from ..runtime.backend import REGISTERED, NoDevice, backend_for, cupy_backend
-from ..runtime.refusal import refusing
 from ..tensors import is_tensor
-from .request import MPIOwn, Request
+from ..words import counted
 
-__all__ = ["Converted", "converted", "converted_call", "passed_through", "as_array", "is_plain_call", "passes_through"]
+__all__ = ["Converted", "converted", "as_array", "is_plain_call", "passes_through", "datatype_name"]
 
 
 class Converted(NamedTuple):
@@ -59,7 +57,7 @@ def converted(sendbuf, recvbuf) -> Converted:
     send = MPI.IN_PLACE if sendbuf is MPI.IN_PLACE else as_array(sendbuf, "sendbuf", writable=False)
     if send is not MPI.IN_PLACE and recv is not None:
         if send.size != recv.size:
-            raise ValueError(f"sendbuf has {send.size} elements but recvbuf has {recv.size}")
+            raise ValueError(f"sendbuf has {counted(send.size, 'element')} but recvbuf has {recv.size}")
         if send.dtype != recv.dtype:
             raise TypeError(f"sendbuf has dtype {send.dtype} but recvbuf has dtype {recv.dtype}")
     result, context = recvbuf, nullcontext()
@@ -75,37 +73,6 @@ def converted(sendbuf, recvbuf) -> Converted:
             result = np.empty_like(given, subok=False)
             recv = _flat(result, "recvbuf")
     return Converted(send, recv, result, context)
-
-
-def converted_call(run, start, sendbuf, recvbuf, op, comm, *arguments):
-    """allreduce (`run`, of plain arrays) or iallreduce (`start`: one of them is None) of buffers
-    that are not plain arrays, or that only MPI's own allreduce can reduce."""
-    blocking = start is None
-    comm = MPI.COMM_WORLD if comm is None else comm
-    with refusing(comm):
-        try:
-            why = passes_through(op, sendbuf, recvbuf)
-            call = converted(sendbuf, recvbuf) if why is None or recvbuf is None else None
-        except (TypeError, ValueError, NoDevice) as error:
-            raise type(error)(f"ringtree allreduce on rank {comm.Get_rank()}: {error}") from None
-        if why is not None and call is not None and call.send is MPI.IN_PLACE:
-            raise ValueError(f"ringtree allreduce on rank {comm.Get_rank()}: sendbuf is MPI.IN_PLACE, so recvbuf "
-                             "must hold the input, but it is None")
-    if why is not None:
-        result = recvbuf if call is None else call.result if call.result is not None else np.empty_like(call.send)
-        through = passed_through(comm, sendbuf, result if call is None or call.recv is None else call.recv, op, why)
-        if blocking:
-            through.wait()
-            return result
-        return Request(through, result)
-    with call.context:
-        if blocking:
-            result = run(call.send, call.recv, op, comm, *arguments)
-            return result if call.result is None else call.result
-        request = start(call.send, call.recv, op, comm, *arguments)
-    if call.result is not None:
-        request._result = call.result
-    return request
 
 
 def _buffer_of(spec):
@@ -316,12 +283,3 @@ def passes_through(op, *specs) -> str | None:
             except TypeError:
                 return f"datatype {datatype_name(spec[-1])}"
     return None
-
-
-def passed_through(comm: MPI.Intracomm, sendbuf, recvbuf, op, why: str) -> MPIOwn:
-    """MPI's own Iallreduce of a call that ringtree does not reduce (`passes_through`), on the caller's
-    buffers as given; its waits progress ringtree's collectives in flight."""
-    configure_debug_logging(MPI.COMM_WORLD.Get_rank())
-    log.info("allreduce passed through to MPI's own: ringtree does not reduce %s", why)
-    start = MPI.Intracomm.Iallreduce  # mpi4py's own, also on a ringtree.Communicator
-    return MPIOwn(comm, lambda: start(comm, MPI.IN_PLACE if sendbuf is None else sendbuf, recvbuf, op))

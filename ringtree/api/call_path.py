@@ -19,6 +19,7 @@ from ..ops import known_op
 from ..runtime import agreement
 from ..runtime.again import keep_again, keep_new_result, may_keep, steps_runner
 from ..runtime.backend import NumpyBackend
+from ..runtime.empty import EmptyCall
 from ..runtime.in_flight import IN_FLIGHT
 from ..runtime.mismatch import Signature, signature
 from ..runtime.native import NativeInFlight, native_runner, native_start, reduces, run_native, run_started, start_native
@@ -45,8 +46,9 @@ from ..runtime.trials import tuned_plan
 from ..tuning.collectives import NATIVE, choose
 from ..tuning.online import Tuner
 from ..tuning.selector import log_choice, select, table
-from .buffers import converted_call, is_plain_call
+from .buffers import is_plain_call
 from .collective_args import Prepared, checked, checked_call, with_count_matrix
+from .converted import converted_call
 from .request import Request
 
 __all__ = ["run"]
@@ -171,7 +173,8 @@ def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recv
     def plain(send, recv, op, comm):
         return _called("allreduce", blocking, comm, algorithm, segment, check, timeout, (send, recv, op), False)
 
-    return converted_call(plain if blocking else None, None if blocking else plain, sendbuf, recvbuf, op, comm)
+    return converted_call(plain if blocking else None, None if blocking else plain, sendbuf, recvbuf, op, comm,
+                          algorithm, timeout)
 
 
 def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
@@ -206,7 +209,8 @@ def _started(plan, state, source, target, inplace: bool, what, result) -> Reques
 
 
 class _Done(NamedTuple):
-    """A call that _first ran to its end (a small allreduce of device memory through host memory)."""
+    """A call that _first ran to its end, or started (a small allreduce of device memory through host memory,
+    a call with no element)."""
     result: object
 
 
@@ -228,6 +232,8 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
             and transport_for(state, call.backend) is None):
         return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
+    if call.count == 0 and state.size > 1:  # no message to show the call: the ranks compare it (runtime/empty.py)
+        return _Done(_empty(name, blocking, algorithm, segment, check, timeout, call, state, current))
     key_of_shape = None
     if call.backend is NumpyBackend and call.context is None:
         key_of_shape = shape_key(name, blocking, comm, algorithm, segment, check, given, current, call.collective,
@@ -253,7 +259,6 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     the arguments first, where the ranks compare them); its arrays not yet bound."""
     dtype, backend, reduce_op = call.source.dtype, call.backend, call.reduce_op  # the target's dtype too
     nbytes = call.count * dtype.itemsize
-    op = reduce_op.value if reduce_op is not None else None
     # MPI's own is a candidate for untimed calls only: a wait inside it does not keep a timeout.
     native_ok = timeout is None and backend is NumpyBackend and (reduce_op is None or reduces(dtype, reduce_op))
     compared = current.check if check is None else check
@@ -266,14 +271,8 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     if (name in ROOTED and check is None and not compared and choice.algorithm == NATIVE
             and nbytes <= ROOTS_SHOWN_MAX and shows_roots(name, reduce_op, dtype, state.size)):
         collective = collective._replace(root=None)  # one plan for every root, which the call checks
-    root = collective.root if name in ROOTED else None
-    sign = signature(call.count, dtype, op, algorithm, segment, name, root, collective.counts or None)
-    comparison = None
-    if compared or (sign.root is not None and check is None):
-        described = name + (f" root {sign.root}" if sign.root is not None else "") + (
-            f" blocks {list(sign.blocks)}" if sign.blocks else "")
-        fields = (call.count, dtype, f"{op}", algorithm, described)
-        comparison = (agreement.call_record(*fields), fields, agreement.agreement_described(state, fields))
+    sign, comparison = _signed(name, algorithm, segment, call, state, collective,
+                               compared or (name in ROOTED and collective.root is not None and check is None))
     what = f"{name} on rank {state.rank} of {state.name} ({sign.described()})"
     shape = _Repeat((comm,), (), call, state, sign, None, None, None, None, what, timeout, comparison, None, None)
     if comparison is not None:
@@ -282,6 +281,30 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     if name == "allreduce":
         what = plan.what
     return shape._replace(plan=plan, what=what, trial=trial)
+
+
+def _signed(name, algorithm, segment, call, state, collective, compared: bool) -> tuple:
+    """(signature, comparison or None) of a call: what agreement.agree compares where `compared`."""
+    dtype, op = call.source.dtype, call.reduce_op.value if call.reduce_op is not None else None
+    root = collective.root if name in ROOTED else None
+    sign = signature(call.count, dtype, op, algorithm, segment, name, root, collective.counts or None)
+    if not compared:
+        return sign, None
+    described = name + (f" root {sign.root}" if sign.root is not None else "") + (
+        f" blocks {list(sign.blocks)}" if sign.blocks else "")
+    fields = (call.count, dtype, f"{op}", algorithm, described)
+    return sign, (agreement.call_record(*fields), fields, agreement.agreement_described(state, fields))
+
+
+def _empty(name, blocking, algorithm, segment, check, timeout, call, state, current):
+    """A call with no element on any rank (runtime/empty.py): its result, or its Request. Compared first
+    in check mode, as any call."""
+    sign, comparison = _signed(name, algorithm, segment, call, state, call.collective,
+                               current.check if check is None else check)
+    if comparison is not None:
+        agreement.agree(state, comparison[0], comparison[1], sign, timeout, not THREADED[1], comparison[2])
+    request = Request(EmptyCall(state, sign, timeout), call.result, call.after)
+    return request.wait() if blocking else request
 
 
 def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, algorithm, segment, check,

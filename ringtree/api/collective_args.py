@@ -21,6 +21,7 @@ from ..runtime.shapes import forget_bound
 from ..runtime.state import comm_state
 from ..runtime.threads import note_thread
 from ..schedule.ir import ALLREDUCE, Collective, blocks
+from ..words import counted
 from .buffers import as_array
 from .checks import check_comm, check_options, checked_timeout
 
@@ -83,7 +84,7 @@ def _allreduce(rank, size, sendbuf, recvbuf, op) -> Prepared:
             if recvbuf.dtype != sendbuf.dtype:
                 raise TypeError(f"sendbuf has dtype {sendbuf.dtype} but recvbuf has dtype {recvbuf.dtype}")
             if recvbuf.size != sendbuf.size:  # as mpi4py: shapes may differ, the memory is what counts
-                raise ValueError(f"sendbuf has {sendbuf.size} elements but recvbuf has {recvbuf.size}")
+                raise ValueError(f"sendbuf has {counted(sendbuf.size, 'element')} but recvbuf has {recvbuf.size}")
             backend.check(recvbuf, "recvbuf", reduce_op)
             aliasing = backend.aliasing(sendbuf, recvbuf) if sendbuf.size else None
             if aliasing == "overlap":
@@ -136,7 +137,7 @@ def _allgather(rank, size, sendbuf, recvbuf, counts) -> Prepared:
         stacked = counts is None  # a new recvbuf stacks the ranks' blocks: (ranks, *sendbuf.shape)
         counts = _counts((source.size,) * size if stacked else counts, size, None, "")
         if counts[rank] != source.size:
-            raise ValueError(f"sendbuf has {source.size} elements but counts give rank {rank} {counts[rank]}")
+            raise ValueError(f"sendbuf has {counted(source.size, 'element')} but counts give rank {rank} {counts[rank]}")
         if recvbuf is None:
             shape = (size, *np.shape(sendbuf)) if stacked and _shaped(sendbuf) else (sum(counts),)
             result = _new(sendbuf, backend, shape, source.dtype)
@@ -224,7 +225,7 @@ def counts_of(comm, algorithm, segment, check, sendbuf, recvbuf, sendcounts,
                 continue
             elements = buffer.size if type(buffer) is np.ndarray else _array(buffer, name, writable=False).size
             if elements < sum(counts):
-                raise ValueError(f"{name} has {elements} elements, too few for the {sum(counts)} its counts give")
+                raise ValueError(f"{name} has {counted(elements, 'element')}, too few for the {sum(counts)} its counts give")
     except (TypeError, ValueError) as error:
         raise type(error)(f"ringtree alltoall on rank {rank}: {error}") from None
     return sent, received
@@ -282,7 +283,7 @@ def _receiving(recvbuf, source, backend, op, needed: int, what: str):
     if target.dtype != source.dtype:
         raise TypeError(f"sendbuf has dtype {source.dtype} but recvbuf has dtype {target.dtype}")
     if target.size < needed:
-        raise ValueError(f"recvbuf has {target.size} elements, too few for {what} ({needed})")
+        raise ValueError(f"recvbuf has {counted(target.size, 'element')}, too few for {what} ({needed})")
     if op is not None:
         backend.check(target, "recvbuf", op)
     target = target[:needed]
@@ -296,8 +297,8 @@ def _counts(counts, size: int, total: int | None, name: str) -> tuple[int, ...]:
     is known), or, for None, `total` in equal blocks."""
     if counts is None:
         if total % size:
-            raise ValueError(f"{name} has {total} elements, which do not split into {size} equal blocks; "
-                             "give counts")
+            raise ValueError(f"{name} has {counted(total, 'element')}, which do{'es' * (total == 1)} not split into "
+                             f"{size} equal blocks; give counts")
         return (total // size,) * size
     if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__"):
         raise TypeError(f"counts must be a sequence of {size} counts, got {counts!r}")
@@ -305,7 +306,7 @@ def _counts(counts, size: int, total: int | None, name: str) -> tuple[int, ...]:
         raise ValueError(f"counts must be {size} whole numbers >= 0, one per rank, got {list(counts)!r}")
     counts = tuple(int(c) for c in counts)
     if total is not None and sum(counts) != total:
-        raise ValueError(f"counts add up to {sum(counts)} but {name} has {total} elements")
+        raise ValueError(f"counts add up to {sum(counts)} but {name} has {counted(total, 'element')}")
     return counts
 
 

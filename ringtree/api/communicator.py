@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from ..debug import configure_debug_logging, log
 from ..ops import named_defaults
 from ..runtime.refusal import refusing
 from . import collectives
 from .allreduce import allreduce, iallreduce
+from .converted import passed_through
 from .mpi_style import translated
 from .persistent import PersistentRequest, allreduce_init
-from .request import MPIOwn, MPIRequest, Request
+from .request import MPIRequest, Request
 
 __all__ = ["Communicator"]
 
@@ -156,12 +156,11 @@ class Communicator(MPI.Intracomm):
             except (TypeError, ValueError) as error:
                 raise type(error)(f"ringtree {method} on rank {self.Get_rank()}: {error}") from None
         if call.name is None:
-            configure_debug_logging(MPI.COMM_WORLD.Get_rank())
-            log.info("%s passed through to MPI's own: ringtree does not compute %s", method, call.why)
-            if form == "persistent":
+            if form == "persistent":  # MPI's own persistent request, on the caller's communicator
                 return getattr(MPI.Intracomm, method + "_init")(self, *arguments)
             started = getattr(MPI.Intracomm, "I" + method[0].lower() + method[1:])
-            request = Request(MPIOwn(self, lambda: started(self, *arguments)), None)
+            request = Request(passed_through(self, method, algorithm, self.timeout, call.why, arguments,
+                                             lambda own: started(own, *arguments)), None)
         else:
             run = _FORMS[call.name][form]
             request = run(*call.arguments, comm=self, algorithm=algorithm, check=self.check, timeout=self.timeout)

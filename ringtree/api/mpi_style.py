@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from ..words import counted
 from .buffers import as_array, passes_through
 
 __all__ = ["Translated", "translated"]
@@ -59,7 +60,7 @@ def _allgather(comm, sendbuf, recvbuf) -> Translated:
     total = as_array(recvbuf, "recvbuf", writable=True).size
     mine = as_array(sendbuf, "sendbuf", writable=False).size
     if total != mine * comm.Get_size():
-        raise ValueError(f"recvbuf has {total} elements, not {comm.Get_size()} blocks of sendbuf's {mine}")
+        raise ValueError(f"recvbuf has {counted(total, 'element')}, not {comm.Get_size()} blocks of sendbuf's {mine}")
     return Translated("allgather", (sendbuf, recvbuf, None))
 
 
@@ -121,7 +122,7 @@ def _alltoall(comm, sendbuf, recvbuf) -> Translated:
     total = as_array(recvbuf, "recvbuf", writable=True).size
     given = as_array(sendbuf, "sendbuf", writable=False).size
     if total != given:
-        raise ValueError(f"recvbuf has {total} elements, not sendbuf's {given}")
+        raise ValueError(f"recvbuf has {counted(total, 'element')}, not sendbuf's {given}")
     return Translated("alltoall", (sendbuf, recvbuf))
 
 

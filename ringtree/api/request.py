@@ -3,16 +3,21 @@ mpi4py request, as ringtree.Communicator's Iallreduce returns it."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
+from functools import partial
 
 from mpi4py import MPI
 
 from ..debug import log
+from ..errors import TimeoutError
 from ..runtime import progress
 from ..runtime.backoff import wait_until
 from ..runtime.engine import Execution
 from ..runtime.in_flight import progress_others
 from ..runtime.native import NativeInFlight
+from ..runtime.stalls import watched
 from ..runtime.threads import note_thread
 
 __all__ = ["Request", "MPIRequest", "MPIOwn"]
@@ -144,11 +149,38 @@ class MPIRequest(MPI.Grequest):
 
 
 def _status(status: MPI.Status, failure: list) -> None:
-    """A generalized request's query callback: the empty status, with an error if it failed."""
+    """A generalized request's query callback: the empty status, with an error if it failed. The error
+    is an exception (mpi4py returns its code to MPI, whose wait raises it), which mpi4py also prints
+    with its traceback: ringtree's error was logged already, so this thread's stderr is quiet until
+    it has been printed."""
     empty_status(status)
     if failure:
         status.error = MPI.ERR_OTHER
-        raise MPI.Exception(MPI.ERR_OTHER)  # what the query returns, MPI's wait returns
+        if not isinstance(sys.stderr, _Quiet):
+            sys.stderr = _Quiet(sys.stderr)
+        raise MPI.Exception(MPI.ERR_OTHER)
+
+
+class _Quiet:
+    """sys.stderr, but for what the thread that made it writes within QUIET_SECONDS (mpi4py's print of
+    the query's exception, at once); after that, or from another thread, sys.stderr as it was, which
+    the first write then puts back."""
+
+    QUIET_SECONDS = 0.05
+
+    def __init__(self, stream) -> None:
+        self._stream, self._thread = stream, threading.get_ident()
+        self._until = time.monotonic() + self.QUIET_SECONDS
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() == self._thread and time.monotonic() < self._until:
+            return len(text)
+        if sys.stderr is self:
+            sys.stderr = self._stream
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def empty_status(status: MPI.Status) -> None:
@@ -164,14 +196,15 @@ def _nothing(*_) -> None:
 
 
 class MPIOwn:
-    """MPI's own nonblocking collective, started by `start()`, that ringtree does not compute (a
-    user-defined op, a derived datatype, ...): what a Request tests and waits on; its waits progress
-    ringtree's collectives in flight."""
+    """MPI's own nonblocking call, started by `start()` on a communicator of the caller's (the torch
+    backend's send and receive): what a Request tests and waits on. Its waits progress ringtree's
+    collectives in flight, are watched for a stall, and keep `timeout`: past it, a receive is
+    cancelled and TimeoutError raised. `what`: the call, as a warning or error names it."""
 
-    __slots__ = ("comm", "request", "done")
+    __slots__ = ("comm", "request", "done", "timeout", "what")
 
-    def __init__(self, comm, start) -> None:
-        self.comm, self.request, self.done = comm, start(), False
+    def __init__(self, comm, start, timeout: float | None = None, what: str = "MPI's own call") -> None:
+        self.comm, self.request, self.done, self.timeout, self.what = comm, start(), False, timeout, what
 
     def test(self) -> bool:
         if not self.done:
@@ -180,6 +213,24 @@ class MPIOwn:
         return self.done
 
     def wait(self) -> None:
-        if not self.done:
-            wait_until(self.request.Test, progress_others)
-            self.done = True
+        if self.done:
+            return
+        deadline = None if self.timeout is None else time.perf_counter() + self.timeout
+
+        def done() -> bool:
+            if self.request.Test():
+                return True
+            if deadline is not None and time.perf_counter() > deadline:
+                raise self._timed_out()
+            return False
+        watched(partial(wait_until, done, progress_others), f"{self.what} on rank {self.comm.Get_rank()}")
+        self.done = True
+
+    def _timed_out(self) -> TimeoutError:
+        try:
+            self.request.Cancel()  # a receive's: it must not land in the caller's memory later
+            self.request.Wait()
+        except MPI.Exception:
+            pass
+        return TimeoutError(f"ringtree on rank {self.comm.Get_rank()}: {self.what} made no progress for "
+                            f"{self.timeout:g} s")

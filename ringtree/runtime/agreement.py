@@ -18,11 +18,13 @@ from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
 from ..ops import ReduceOp
+from ..words import counted
 from .backoff import wait_until
-from .mismatch import Signature, Watch, differing
+from .mismatch import Signature, differing
 from .reliability import whereabouts
 from .small import small_allreduce
 from .stalls import watched
+from .watch import Watch
 
 __all__ = ["call_record", "agree", "agreement_described"]
 
@@ -61,8 +63,11 @@ def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout:
         try:
             small_allreduce(state, mine, low, ReduceOp.MIN, timeout)
         except TimeoutError as error:  # said of the user's call, not of the comparison's own allreduce
+            if error.given_up_by is not None:  # another rank gave it up: its error says so
+                raise
             state.broken = TimeoutError(
-                f"ringtree {name} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of {dtype.name}, "
+                f"ringtree {name} on rank {state.rank} of {state.comm.Get_name()} "
+                f"({counted(count, 'element')} of {dtype.name}, "
                 f"{op}, algorithm {algorithm}): not every rank came to {_comparison(name)} of this call's "
                 f"arguments (ringtree call #{seq}) within {timeout:g} s"
                 + whereabouts(error.missing, error.elsewhere), error.missing, error.elsewhere)
@@ -94,7 +99,7 @@ def agreement_described(state, call: tuple) -> str:
     """The wait in agree(), as a stall warning names it."""
     count, dtype, op, algorithm, collective = call
     name = collective.split()[0]
-    return (f"{name} on rank {state.rank} of {state.comm.Get_name()} ({count} elements of "
+    return (f"{name} on rank {state.rank} of {state.comm.Get_name()} ({counted(count, 'element')} of "
             f"{dtype.name}, {op}, algorithm {algorithm}), in {_comparison(name)} of the ranks' arguments")
 
 

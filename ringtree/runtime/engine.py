@@ -26,6 +26,7 @@ from . import timeline
 from .compiled import CompiledSchedule
 from .in_flight import IN_FLIGHT, LOCK
 from .mismatch import Signature
+from .reliability import check_given_up
 
 __all__ = ["Execution"]
 
@@ -85,11 +86,15 @@ class Execution:
         """Whether it is done, after one poll of every collective in flight."""
         if not self.done:
             IN_FLIGHT.poll()
+        if self.done and self.timeout is not None:  # its messages may have come from a rank that left it since
+            check_given_up(self.state, self.seq, self.signature.collective)
         return self.done
 
     def wait(self) -> None:
         if not self.done:
             IN_FLIGHT.wait(self)
+        if self.timeout is not None:
+            check_given_up(self.state, self.seq, self.signature.collective)
 
     def _run(self, ready: list[int]) -> None:
         """Post every ready message; then compute one ready op, and repeat."""

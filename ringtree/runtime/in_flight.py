@@ -15,10 +15,11 @@ from . import reliability
 from .backoff import Backoff
 from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
 from .ipc import MessageError, WrongSize, mismatch
-from .mismatch import Watch
+from .mismatch import ranks_text
 from .remote_sends import RemoteSends
 from .shm import ShmTransport, tick
 from .stalls import slot
+from .watch import Watch
 
 __all__ = ["InFlight", "IN_FLIGHT", "LOCK", "progress_others"]
 
@@ -199,6 +200,7 @@ class InFlight:
                     waiting[1] += 1
                     if timeout is not None:
                         last_progress = time.perf_counter()
+                    watch = None  # its idle time starts again (a communicator's timeout counts from here)
                     continue
                 if timeout is not None:
                     now = time.perf_counter()
@@ -207,15 +209,17 @@ class InFlight:
                         next_answer = now + reliability.ANSWER_EVERY_SECONDS
                     if now - last_progress > timeout:
                         with LOCK:
-                            raise self.abandon(execution, reliability.timed_out(execution, self.ops_of(execution),
-                                                                                timeout))
+                            raise self.abandon(execution, reliability.execution_timed_out(
+                                execution, self.ops_of(execution), timeout))
                 if backoff.empty():
                     if watch is None:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
+                        peers = execution.peers_waited_for()
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up,
                                       announce=execution.signature.collective != "allreduce",
-                                      shared=execution if type(execution.transport) is ShmTransport else None)
+                                      shared=execution if type(execution.transport) is ShmTransport else None,
+                                      waits_for=f"it waits for {ranks_text(peers)}" if peers else "")
                     watch.look()
         finally:
             waiting[0] = None

@@ -36,27 +36,34 @@ from mpi4py import MPI
 from ..algorithms import REGISTRY
 from ..errors import MismatchError
 from ..ops import ReduceOp
+from ..words import counted
 from .backoff import Backoff
-from .failures import peer_gone
 
-__all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "Watch", "everywhere", "refused", "ranks_text",
-           "differing", "CALL", "REFUSED"]
+__all__ = ["Signature", "UNKNOWN", "signature", "TagLayout", "Evidence", "everywhere", "refused", "ranks_text",
+           "differing", "seen", "keep_report", "tell", "CALL", "REFUSED", "GAVE_UP"]
 
 CALL = 3  # the control communicator's tag for a rank's signature (reliability.py uses 1 and 2)
 ANNOUNCE_SECONDS = 0.5  # a wait in MPI's own allreduce idle this long tells the others which call it is in
 GATHER_SECONDS = 6.0  # how long a rank that raises waits for the others' signatures
+# Calls whose reports a rank keeps: more than a program has in flight at once (calls waited for in any
+# order look for theirs there).
+REPORTS_KEPT = 1024
 REFUSED = "refused its arguments: "  # how a rank's report says it refused a call (refusal.py)
+GAVE_UP = "gave the call up: "  # how a rank's report says it timed out in a call (reliability.give_up)
 
 _DTYPES = "?bBhHiIlLqQefdgFDG"
-_OPS = [op.value for op in ReduceOp]
+# ringtree's ops, then those only MPI's own allreduce computes (buffers.passes_through), as ops.op_name names them
+_OPS = [op.value for op in ReduceOp] + ["MPI.MAXLOC", "MPI.MINLOC", "a user-defined MPI.Op"]
 ALGORITHM_BITS = 3  # of a signature's code: "auto" and every algorithm of a collective must fit
 _ALGORITHMS = {name: ["auto", *sorted(algorithms)] for name, algorithms in REGISTRY.items()}
 _ALGORITHMS["allreduce"] = ["auto", *REGISTRY["allreduce"]]
+_MPI_ONLY = ["auto"]  # a collective that MPI's own alone computes (gather, scatter: runtime/passed_through.py)
 for _name, _names in _ALGORITHMS.items():
     if len(_names) > 1 << ALGORITHM_BITS:
         raise ImportError(f"{_name} has {len(_names) - 1} algorithms; a signature codes auto and at most "
                           f"{(1 << ALGORITHM_BITS) - 1} (runtime/mismatch.py, ALGORITHM_BITS)")
 _FIELDS = ("count", "dtype", "op", "algorithm", "segment", "collective", "root", "blocks")
+_ROOT = 1 + _FIELDS.index("root")  # in a Signature
 NO_OP = 15  # the op's code for a collective that reduces nothing
 
 
@@ -75,25 +82,30 @@ class Signature(NamedTuple):
 
     def described(self) -> str:
         """'12 elements of float64, sum, algorithm ring' and the like, for a message."""
-        what = f"{self.count} elements of {self.dtype}" + (f", {self.op}" if self.op else "")
+        what = (f"{counted(self.count, 'element')} of {self.dtype}" if self.count >= 0 else self.dtype) + (
+            f", {self.op}" if self.op else "")  # a count below 0: not known (MPI's own checks it)
         return what + (f", root {self.root}" if self.root is not None else "") + f", algorithm {self.algorithm}"
 
 
 UNKNOWN = Signature(-1, -1, "", "", "", None)  # a call stopped before its signature was known
 
 
-def signature(count: int, dtype: np.dtype, op: str | None, algorithm: str, segment: int | None,
+def signature(count: int, dtype: np.dtype | str, op: str | None, algorithm: str, segment: int | None,
               collective: str = "allreduce", root: int | None = None,
               blocks: tuple[int, ...] | None = None) -> Signature:
     """dtype (5 bits), op (4), algorithm (ALGORITHM_BITS) exactly where known, the rest hashed (4): count and
-    segment, and for other collectives than allreduce, which one, its root and its blocks."""
-    char = dtype.char if dtype.isnative else ""
-    kind = _DTYPES.index(char) if char and char in _DTYPES else 18 + _crc(dtype.str) % 14
+    segment, and for other collectives than allreduce, which one, its root and its blocks. `dtype`: numpy's,
+    or the name of an MPI datatype that numpy has none of (a call MPI's own allreduce runs)."""
+    if isinstance(dtype, str):
+        kind, name = 18 + _crc(dtype) % 14, dtype
+    else:
+        char, name = dtype.char if dtype.isnative else "", dtype.name
+        kind = _DTYPES.index(char) if char and char in _DTYPES else 18 + _crc(dtype.str) % 14
     rest = f"{count},{segment}" if collective == "allreduce" else f"{collective},{count},{segment},{root},{blocks}"
     hashed = _crc(rest) & 15
     code = ((kind << 11) | ((NO_OP if op is None else _OPS.index(op)) << 7)
-            | (_ALGORITHMS[collective].index(algorithm) << 4) | hashed)
-    return Signature(code, count, dtype.name, op, algorithm, segment, collective, root, blocks)
+            | (_ALGORITHMS.get(collective, _MPI_ONLY).index(algorithm) << 4) | hashed)
+    return Signature(code, count, name, op, algorithm, segment, collective, root, blocks)
 
 
 def _crc(text: str) -> int:
@@ -137,103 +149,23 @@ class Evidence(Exception):
         self.source, self.tag = source, tag
 
     def why(self, layout: TagLayout) -> str:
-        return str(self) if self.tag is None else _seen(self.source, self.tag, layout)
+        return str(self) if self.tag is None else seen(self.source, self.tag, layout)
 
 
-class Watch:
-    """A wait in one call, looking for signs of a mismatch while idle: `look()` between polls."""
-
-    __slots__ = ("state", "seq", "signature", "started", "announced", "give_up", "compare", "shared")
-
-    def __init__(self, state, seq: int, signature: Signature, give_up=None, announce: bool = False,
-                 compare: bool = True, shared=None) -> None:
-        """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up).
-        `announce`: a wait in MPI's own allreduce, whose messages show nothing of its call, tells the
-        others which call it is in once idle ANNOUNCE_SECONDS. `compare=False`: a wait in the
-        comparison of the call's arguments (agreement.agree), which compares them itself, looks
-        only for a rank's word that it raised or refused the call: the plan, whose signature tags
-        the messages of ranks already past the comparison, may be one made for an earlier call.
-        `shared`: the call's engine.Execution where its messages go by shared memory (shm.py): its
-        rings are looked in as well, and the processes it waits for."""
-        self.state, self.seq, self.signature, self.give_up = state, seq, signature, give_up
-        self.shared = shared
-        self.started = time.perf_counter()
-        self.announced = not announce
-        self.compare = compare
-
-    def look(self) -> None:
-        """Raise MismatchError on every rank if a message or another rank's signature shows that the
-        ranks differ in this call; tell the others which call this rank is in once it has waited
-        ANNOUNCE_SECONDS."""
-        state, seq = self.state, self.seq
-        if isinstance(state.broken, MismatchError):  # another thread of this rank found it (and took in our messages)
-            self.fail("")
-        status = MPI.Status()
-        control = state.control
-        while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
-            source = status.Get_source()
-            theirs = _keep(state, source, control.recv(source=source, tag=CALL))
-            if theirs[3] and not theirs[3].startswith(REFUSED):  # a rank found two threads in calls on it at once
-                self.fail(f"rank {source} reports: {theirs[3]}")
-            if theirs[0] == seq and (theirs[2] or self.compare and (theirs[1] != self.signature
-                                                                    or theirs[4] != bool(state.threads_bit))):
-                self.fail(f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else
-                                                        "another signature for this call"))
-        for source, theirs in state.reports.get(seq, {}).items():  # a refusal of this call, told before it began here
-            if theirs[3].startswith(REFUSED):
-                self.fail(f"rank {source} refused call #{seq}")
-        layout, comm, me = state.layout, state.comm, state.rank
-        mine = layout.tag(seq, self.signature.code ^ state.threads_bit)
-        ring_peers = self.shared.transport.peers if self.shared is not None else ()
-        for source in range(state.size):
-            if source == me or not comm.Iprobe(source, MPI.ANY_TAG, status):
-                continue
-            tag = status.Get_tag()
-            if tag == layout.notice_of(seq):
-                self.fail(_seen(source, tag, layout))
-            if tag == mine and source in ring_peers:
-                self.fail(f"rank {source} sends this call's messages by MPI where this rank uses shared memory: "
-                          "does it pass device arrays where this rank passes host arrays?")
-            self._another_signature(source, tag, mine)
-        if self.shared is not None:
-            for source, tag in self.shared.transport.arrived_tags():
-                self._another_signature(source, tag, mine)
-            gone = self.shared.transport.gone(self.shared.peers_waited_for())
-            if gone:  # no MPI message with it fails: its process is looked for
-                error = peer_gone(state.comm, self.signature.collective, gone[0])
-                if self.give_up is not None:
-                    self.give_up(error)
-                raise error
-        if not self.announced and time.perf_counter() - self.started > ANNOUNCE_SECONDS:
-            self.announced = state.announced = True  # state.free keeps the communicators: the others may not take it
-            _tell(state, seq, self.signature, False)
-
-    def _another_signature(self, source: int, tag: int, mine: int) -> None:
-        """Fail if `tag`, of a message from `source` (over MPI, or in a shared-memory ring), is of this
-        call's number but not of its signature."""
-        layout = self.state.layout
-        if self.compare and tag // layout.codes == self.seq % layout.calls and tag != mine:
-            self.fail(_seen(source, tag, layout))
-
-    def fail(self, why: str):
-        error = everywhere(self.state, self.seq, self.signature, why)
-        if self.give_up is not None:
-            self.give_up(error)
-        raise error
-
-
-def _seen(source: int, tag: int, layout: TagLayout) -> str:
+def seen(source: int, tag: int, layout: TagLayout) -> str:
     if tag >= layout.notice:
         return f"rank {source} reports a mismatch"
     return f"a message from rank {source} is of a call with another signature"
 
 
-def _keep(state, source: int, theirs: tuple) -> tuple:
+def keep_report(state, source: int, theirs: tuple) -> tuple:
     """Keep a rank's signature (seq, Signature, raised, reason, threads bit set) for the message of an
-    error in that call."""
+    error in that call; the earliest call a rank gave up, for every call from it on (watch.given_up)."""
+    if theirs[3].startswith(GAVE_UP) and (state.given_up is None or theirs[0] < state.given_up[0]):
+        state.given_up = (theirs[0], source, theirs[3][len(GAVE_UP):])
     reports = state.reports
-    if theirs[0] not in reports:
-        for old in [seq for seq in reports if seq < theirs[0] - 8]:
+    if theirs[0] not in reports and len(reports) >= REPORTS_KEPT:  # the oldest calls' half: long ended
+        for old in sorted(reports)[:REPORTS_KEPT // 2]:
             del reports[old]
     reports.setdefault(theirs[0], {})[source] = theirs
     if theirs[2]:
@@ -241,7 +173,7 @@ def _keep(state, source: int, theirs: tuple) -> tuple:
     return theirs
 
 
-def _tell(state, seq: int, signature: Signature, raised: bool, reason: str = "") -> None:
+def tell(state, seq: int, signature: Signature, raised: bool, reason: str = "") -> None:
     state.answers = [request for request in state.answers if not request.Test()]
     for rank in range(state.size):
         if rank != state.rank:
@@ -257,7 +189,7 @@ def refused(state, seq: int, why: str) -> bool:
     # signature's count says which refusal a report is of, and a rank that has gone on to the next
     # has refused this one (it heard from every rank first).
     mine = state.refusals
-    _tell(state, seq, UNKNOWN._replace(count=mine), True, REFUSED + why)
+    tell(state, seq, UNKNOWN._replace(count=mine), True, REFUSED + why)
     others = [rank for rank in range(state.size) if rank != state.rank]
     status, backoff = MPI.Status(), Backoff()
 
@@ -267,7 +199,7 @@ def refused(state, seq: int, why: str) -> bool:
     while not all(answered(state.reports.get(seq, {}).get(rank)) for rank in others):
         while state.control.Iprobe(MPI.ANY_SOURCE, CALL, status):
             source = status.Get_source()
-            _keep(state, source, state.control.recv(source=source, tag=CALL))
+            keep_report(state, source, state.control.recv(source=source, tag=CALL))
         backoff.empty()
     reports = state.reports[seq]
     answers = {rank: reports[rank] for rank in others}
@@ -305,7 +237,7 @@ def _told(state, seq: int, signature: Signature, why: str, reason: str) -> Misma
     for rank in range(state.size):
         if rank != me:
             comm.Isend([b"", MPI.BYTE], rank, state.layout.notice_of(seq)).Free()
-    _tell(state, seq, signature, True, reason)
+    tell(state, seq, signature, True, reason)
     others = state.size - 1
     status = MPI.Status()
     deadline = time.perf_counter() + GATHER_SECONDS
@@ -316,7 +248,7 @@ def _told(state, seq: int, signature: Signature, why: str, reason: str) -> Misma
         while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
             backoff.moved()
             source = status.Get_source()
-            _keep(state, source, control.recv(source=source, tag=CALL))
+            keep_report(state, source, control.recv(source=source, tag=CALL))
         message = comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
         if message is not None:  # a message of this call, which a blocked sender waits to hand over
             backoff.moved()
@@ -336,7 +268,9 @@ def _message(state, seq: int, signature: Signature, why: str, reason: str, repor
     everyone = {state.rank: signature, **{rank: report[1] for rank, report in reports.items() if report[0] == seq}}
     differences = []
     for k, field in enumerate(_FIELDS, start=1):
-        differences += differing(field, {rank: everyone[rank][k] for rank in sorted(everyone)})
+        # A root of None is every root (a call that shows the ranks' roots, roots.py): none to differ from.
+        differences += differing(field, {rank: everyone[rank][k] for rank in sorted(everyone)
+                                         if k != _ROOT or everyone[rank][k] is not None})
     shared = {state.rank: bool(state.threads_bit), **{rank: report[4] for rank, report in reports.items()
                                                        if report[0] == seq}}
     if len(set(shared.values())) > 1:

@@ -11,15 +11,16 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from ..errors import MismatchError
+from ..errors import MismatchError, TimeoutError
 from ..ops import MPI_OP, ReduceOp, known_op
 from ..schedule.ir import ALLREDUCE, Collective
 from ..tuning.online import Tuner
 from .backoff import backed_off, settled
 from .in_flight import progress_others
-from .mismatch import Signature, Watch, everywhere
+from .mismatch import Signature, everywhere
 from .roots import byte_view, root_marks, roots_differ
 from .stalls import watched
+from .watch import Watch
 
 __all__ = ["MPICollective", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started",
            "native_runner", "native_start", "start_native", "free_plan"]
@@ -66,21 +67,23 @@ def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
 
 
 def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype, signature: Signature,
-                collective: Collective | None = ALLREDUCE, seq: int | None = None) -> MPICollective:
+                collective: Collective | None = ALLREDUCE, seq: int | None = None,
+                timeout: float | None = None) -> MPICollective:
     """What a plan of MPI's own calls of `count` elements of `collective` on `state`'s communicator holds
     (`op` None for one that reduces nothing): up to PERSISTENT_MAX bytes, a persistent request on
     buffers of its own, unless `collective` is None. Collective: every rank builds it at the same
     call, after the ranks agree on its signature (MPI matches the collectives that make it whatever
     the calls they belong to). `seq`: the number of that call, if it has begun (state.calls: the
-    next); its waits look for a mismatch in that call, and the ranks past it are not one."""
+    next); its waits look for a mismatch in that call, and the ranks past it are not one. `timeout`: the
+    call's, which its waits keep."""
     seq = state.calls if seq is None else seq
     mine = np.array([signature.code, count, -signature.code, -count], np.int64)
     low = np.empty_like(mine)
-    _wait(state.control.Iallreduce(mine, low, MPI.MIN), state, seq, signature, (mine, low))
+    _wait(state.control.Iallreduce(mine, low, MPI.MIN), state, seq, signature, (mine, low), timeout)
     if low[0] != -low[2] or low[1] != -low[3]:
         raise everywhere(state, seq, signature, f"the ranks making a plan for MPI's own {signature.collective} differ")
     comm, request = state.comm.Idup()
-    _wait(request, state, seq, signature, (comm,))
+    _wait(request, state, seq, signature, (comm,), timeout)
     comm.Set_name(f"{state.name} native")
     mpi_op = None if op is None else MPI_OP[op]
     buffer = received = request = None
@@ -328,15 +331,17 @@ def start_native(own: MPICollective, state, source, target, in_place: bool, tria
     return native
 
 
-def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple) -> None:
+def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: tuple,
+          timeout: float | None = None) -> None:
     """Poll `request`, which settled() did not see done, to completion (under MPICH faster than MPI's
     Wait, which also could not be left): with collectives in flight, progressing them; when idle,
-    looking for a mismatch. Left by a mismatch, the request stays in flight, so its `arrays` are kept
-    with the broken communicator's state: MPI may still write into them (a peer's part of the
-    collective, arriving late)."""
+    looking for a mismatch, and past `timeout` raising TimeoutError. Left by either, the request stays
+    in flight, so its `arrays` are kept with the broken communicator's state: MPI may still write into
+    them (a peer's part of the collective, arriving late)."""
     try:
-        backed_off(request.Test, progress_others, QUIET_SECONDS, (Watch, state, seq, signature, None, True))
-    except MismatchError:
+        backed_off(request.Test, progress_others, QUIET_SECONDS,
+                   (Watch, state, seq, signature, None, True, True, None, timeout, "it waits in MPI's own collective"))
+    except (MismatchError, TimeoutError):
         state.abandoned.append((request, arrays))
         raise
 

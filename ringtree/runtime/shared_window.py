@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import atexit
 import os
-import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 from .backoff import wait_until
 from .cross_memory import allow_readers, read
+from .failures import job_ends
+from .stalls import watched
 
 __all__ = ["SharedWindow", "ring_bytes", "SLOTS", "HEAD"]
 
@@ -22,7 +24,6 @@ PER_RANK_BYTES = 4 << 20
 HEAD = 64  # bytes before a slot's data: tag, message bytes, piece bytes (or DIRECT) and its address, as int64
 COUNTER = 64  # a counter to a cache line of its own
 LIVE: list = []  # windows not yet freed, oldest first
-FREE_WAIT_SECONDS = 1.0  # for the node's other ranks to free the window too
 
 
 def ring_bytes(peers: int) -> int:
@@ -41,7 +42,7 @@ class SharedWindow:
         """`same_node[r]`: whether rank r of `comm` is on this rank's node in ringtree's node map
         (MPI's own may join more ranks, which the window then leaves out)."""
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.node = node
+        self.node, self.name = node, comm.Get_name()
         members = node.Get_group().Translate_ranks(list(range(node.Get_size())), comm.Get_group())
         self.local = {rank: k for k, rank in enumerate(members) if same_node[rank]}  # comm rank -> node rank
         self.window = None
@@ -102,20 +103,24 @@ class SharedWindow:
         slots = self.parts[owner][at:at + SLOTS * self.slot].reshape(SLOTS, self.slot)
         return [(slot[:32].view(np.int64), slot[HEAD:]) for slot in slots]
 
-    def free(self) -> None:
-        """Free the window where every rank of the node frees it too: a rank that keeps its state (a
-        call broke there, CommState.free) never would, and MPI's Win_free waits for every rank."""
-        if self not in LIVE:
-            return  # freed, or kept
-        LIVE.remove(self)
+    def free(self, keep: bool = False) -> None:
+        """Free the window, with the node's other ranks, each of which calls this at the same point: when
+        the communicator's state is freed (CommState.free, which keeps a broken state's: `keep`), and for
+        the windows left, at exit. MPI's Win_free waits for every rank, so whether to free it is the
+        node's answer, never one rank's: the ranks' words combined (MAX), kept if any keeps it; a kept
+        window is freed at exit."""
+        if self not in LIVE or job_ends():
+            return  # freed; or a peer died, and the job ends at exit (failures.py): it would not answer
         if self.window is not None:
-            everyone = self.node.Ibarrier()
-            deadline = time.perf_counter() + FREE_WAIT_SECONDS
-            wait_until(lambda: everyone.Test() or time.perf_counter() > deadline)
-            if not everyone.Test():
-                return  # kept, as that rank's state is
+            word, answer = np.array([int(keep)], np.int64), np.zeros(1, np.int64)
+            request = self.node.Iallreduce(word, answer, MPI.MAX)
+            watched(partial(wait_until, request.Test), f"the node's shared window of {self.name}, which every "
+                    "rank of the node frees with its communicator (waiting for the others)")
+            if answer[0]:
+                return  # kept by some rank: freed at exit, where every rank frees what is left
             self.window.Unlock_all()
             self.window.Free()
+        LIVE.remove(self)
         self.node.Free()
 
 

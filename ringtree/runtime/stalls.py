@@ -18,6 +18,7 @@ import time
 from typing import NamedTuple
 
 from ..debug import log
+from ..words import counted
 from .threads import THREADED, get_ident
 
 __all__ = ["WAITING", "Call", "slot", "watch", "watched"]
@@ -96,12 +97,12 @@ def _describe(what, seconds: float) -> str:
     collective = "allreduce"
     if hasattr(what, "peers_waited_for"):  # the engine's Execution: its messages in flight say whom it waits for
         schedule, state = what.compiled.schedule, what.state
-        call = f"#{what.seq} ({schedule.algorithm}, {schedule.count} elements)"
+        call = f"#{what.seq} ({schedule.algorithm}, {counted(schedule.count, 'element')})"
         peers, collective = what.peers_waited_for(), schedule.collective.name
     else:
         what = getattr(what, "call", what)
         state, peers = what.state, list(what.peers)
-        call = f"({what.count} elements of {what.dtype.name}, {what.op}, algorithm {what.algorithm})"
+        call = f"({counted(what.count, 'element')} of {what.dtype.name}, {what.op}, algorithm {what.algorithm})"
     if peers:
         waits_for = "; it waits for " + ("rank " if len(peers) == 1 else "ranks ") + ", ".join(map(str, peers))
     else:

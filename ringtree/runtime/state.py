@@ -63,6 +63,7 @@ class CommState:
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the Plan built on its first call
+        self.passed_through: dict = {}  # per signature: the communicator of calls MPI's own computes (passed_through.py)
         self.transports: dict = {}  # device layer (or "shm") -> its transport, or None (runtime/transports.py)
         self.shared_window = None
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
@@ -111,31 +112,34 @@ class CommState:
         self.unconfirmed = True
         self.confirming: dict = {}  # thread -> the byte its confirmations allreduce and their bound run (small.py)
         self.exchanging: dict = {}  # thread -> the arrays its alltoalls' counts are summed in and their bound run (counts.py)
-        self.answers: list = []  # replies and signatures in flight to other ranks
-        self.raised: set = set()  # the ranks that raised MismatchError on it (mismatch.py)
+        self.answers, self.raised = [], set()  # replies and reports in flight; ranks that raised MismatchError
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
-        # {call number: {rank: its (seq, Signature, raised, reason, whether threads_bit is set)}}: others' signatures
-        self.reports: dict = {}
+        self.reports: dict = {}  # {call number: {rank: its report (mismatch.tell)}}: others' signatures
+        self.given_up = None  # (call number, rank, why) of the earliest call another rank gave up (reliability.py)
+        self.timeout = None  # seconds every wait on it keeps, whatever its call's (a torch group's: watch.py)
         self.refusals = 0  # calls every rank refused (mismatch.refused): they tell one refusal from the next
         self.tuner = None if current.tune == "off" else _tuner(self.comm, self.topology, current)
         self.signatures = current.signatures
 
     def free(self) -> None:
         broken, self.broken = self.broken, ValueError("the communicator was freed")  # the repeat paths check it
-        if broken is not None or self.announced:
-            # Messages of the call that broke it, or this rank's word of which call it was in, may still
-            # be unreceived: were its communicators freed, MPI could give their context to a new one,
-            # and the messages to its receives.
+        # Messages of the call that broke it, or this rank's word of which call it was in, may still be
+        # unreceived: were its communicators freed, MPI could give their context to a new one, and the
+        # messages to its receives.
+        keep = broken is not None or self.announced
+        if self.shared_window is not None:  # with the node's other ranks, whatever this one keeps
+            self.shared_window.free(keep)
+        if keep:
             NEVER_FREED.append(self)
             return
         for plan in self.plans.values():
             if plan.native is not None:
                 free_plan(plan.native)
+        for comm in self.passed_through.values():
+            comm.Free()
         for transport in self.transports.values():
             if transport is not None:
                 transport.close()
-        if self.shared_window is not None:
-            self.shared_window.free()
         self.comm.Free()
         self.control.Free()
 

@@ -15,15 +15,16 @@ from functools import partial
 
 from mpi4py import MPI
 
-from ..errors import MismatchError
+from ..errors import MismatchError, TimeoutError
 from ..schedule import OpKind
 from . import timeline
 from .backoff import wait_until
 from .compiled import EXCHANGE
 from .failures import error_classes, translated, wrong_size
 from .in_flight import IN_FLIGHT, progress_others
-from .mismatch import Evidence, Signature, Watch, everywhere
+from .mismatch import Evidence, Signature, everywhere
 from .threads import THREADED
+from .watch import Watch
 
 __all__ = ["bound_steps", "may_step", "run_stepwise"]
 
@@ -148,7 +149,7 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
             raise everywhere(state, state.calls - 1, signature,
                              f"a message from rank {peer} was larger than its receive") from None
         raise ours from None
-    except MismatchError:  # another rank's, seen while waiting
+    except (MismatchError, TimeoutError):  # another rank's, seen while waiting; or the communicator's timeout
         _cancel(received, sent, state, steps)
         raise
 

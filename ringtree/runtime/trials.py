@@ -11,9 +11,10 @@ from ..tuning.online import key_of
 from ..tuning.selector import choice_of
 from .backoff import wait_until
 from .in_flight import progress_others
-from .mismatch import Watch
+from .reliability import give_up
 from .small import slowest
 from .stalls import watched
+from .watch import Watch
 
 __all__ = ["tuned_plan"]
 
@@ -53,8 +54,10 @@ def _line_up(state, signature, timeout) -> None:
         if request.Test():
             return True
         if deadline is not None and time.perf_counter() > deadline:
-            raise TimeoutError(f"ringtree allreduce on rank {state.rank}: not every rank came to the barrier "
-                               f"before a tuning trial within {timeout:g} s")
+            state.abandoned.append(request)  # MPI may still complete it, with a late rank
+            raise give_up(state, state.calls, TimeoutError(
+                f"ringtree allreduce on rank {state.rank} of {state.name}: not every rank came to the barrier "
+                f"before a tuning trial (ringtree call #{state.calls}) within {timeout:g} s"))
         return False
 
     # Backing off: ranks that outnumber the cores must get to run and arrive. Announced: a rank in
