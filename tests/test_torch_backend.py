@@ -835,6 +835,7 @@ RENDEZVOUS = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 @pytest.mark.parametrize("how", ["wrong rank", "torch's env", "tcp init_method"])
 def test_a_rank_and_world_size_that_disagree_with_mpi_are_refused_and_torchs_own_rendezvous_are_honoured(how):
@@ -872,6 +873,7 @@ DIES = """
 """
 
 
+@pytest.mark.slow
 @one_rank_only
 @pytest.mark.skipif("MPICH" not in MPI.Get_library_version(), reason="-disable-auto-cleanup is MPICH's launcher's")
 def test_a_rank_that_dies_raises_peer_failure_on_the_survivors_and_the_job_ends(tmp_path):
@@ -883,3 +885,54 @@ def test_a_rank_that_dies_raises_peer_failure_on_the_survivors_and_the_job_ends(
     assert reports, run.stdout + run.stderr
     for report in reports:
         assert "the MPI failed a message with rank 1" in report, report
+
+
+TIMEOUTS = """
+    import datetime, pathlib, sys, time
+    import torch, torch.distributed as dist
+    import ringtree, ringtree.torch
+    dist.init_process_group("ringtree")
+    rank, folder = dist.get_rank(), pathlib.Path(sys.argv[1])
+    calls = {
+        "barrier": lambda g: dist.barrier(group=g),
+        "all_reduce": lambda g: dist.all_reduce(torch.ones(10), group=g),
+        "all_reduce, async": lambda g: dist.all_reduce(torch.ones(1 << 16), group=g, async_op=True).wait(),
+        "broadcast": lambda g: dist.broadcast(torch.ones(10), src=1, group=g),
+        "gather": lambda g: dist.gather(torch.ones(3), [torch.empty(3), torch.empty(3)] if rank == 0 else None, dst=0,
+                                        group=g),
+        "recv": lambda g: dist.recv(torch.empty(3), src=1, group=g) if rank == 0 else dist.send(torch.ones(3), 0, g),
+    }
+    lines = []
+    for label, call in calls.items():
+        group = dist.new_group(backend="ringtree", timeout=datetime.timedelta(seconds=1))
+        dist.barrier(group=group)  # every rank has set it up
+        if rank == 1:
+            time.sleep(2.5)  # later than the group's timeout
+        started = time.perf_counter()
+        try:
+            call(group)
+            outcome = "returned"
+        except ringtree.TimeoutError as error:
+            outcome = "given up" if "gave this call up after its timeout" in str(error) else "TimeoutError"
+        except Exception as error:
+            outcome = f"{type(error).__name__}: {error}"
+        lines.append(f"{label}: {outcome} after {time.perf_counter() - started:.1f} s")
+    (folder / f"rank-{rank}.txt").write_text("\\n".join(lines))
+"""
+
+
+@pytest.mark.slow
+@one_rank_only
+def test_every_wait_keeps_the_groups_timeout_and_a_late_rank_raises_too(tmp_path):
+    # As gloo's: a peer that does not come within the group's timeout is an error on the rank that
+    # waits, and the rank that comes late raises too, as the others gave the call up.
+    run = run_mpiexec(2, "-c", textwrap.dedent(TIMEOUTS), str(tmp_path), timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    waited, late = ((tmp_path / f"rank-{rank}.txt").read_text().splitlines() for rank in (0, 1))
+    assert len(waited) == len(late) == 6, run.stdout + run.stderr
+    for line in waited:
+        outcome, seconds = line.split(": ", 1)[1].rsplit(" after ", 1)
+        assert outcome == "TimeoutError" and 1 <= float(seconds.split()[0]) < 2.5, line
+    for line in late:
+        label, outcome = line.split(": ", 1)
+        assert outcome.startswith("returned" if label == "recv" else "given up"), line  # a send has no call to give up

@@ -76,7 +76,7 @@ def _mpi_rendezvous(url: str, timeout):
 
 
 def _create_group(options, _backend_options=None) -> ProcessGroup:
-    """torch's group of `options` (its rank, size and global ranks) as a ProcessGroup over MPI."""
+    """torch's group of `options` (its rank, size, global ranks and timeout) as a ProcessGroup over MPI."""
     world = MPI.COMM_WORLD
     ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
     if options.group_size != len(ranks) or options.group_size > world.Get_size():
@@ -89,4 +89,5 @@ def _create_group(options, _backend_options=None) -> ProcessGroup:
         comm = world.Dup()
     else:
         comm = world.Create_group(world.Get_group().Incl(ranks))
-    return ProcessGroup(comm)
+    timeout = options.timeout.total_seconds() if options.timeout is not None else None
+    return ProcessGroup(comm, timeout)

@@ -20,11 +20,13 @@ does not do, sparse tensors among it, raises NotImplementedError naming the call
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ..runtime.in_flight import IN_FLIGHT
+from ..runtime.reliability import check_given_up
+from ..runtime.state import comm_state
 from .allreduce import allreduce, iallreduce
 from .collectives import (
     allgather,
@@ -38,7 +40,8 @@ from .collectives import (
     reduce,
     reduce_scatter,
 )
-from .request import MPIOwn
+from .converted import passed_through
+from .request import MPIOwn, Request
 from .torch_tensors import (
     Bytes,
     Outputs,
@@ -68,14 +71,20 @@ _OPS = {op.value: ops for op, ops in {
     _RedOp.BOR: (MPI.BOR, MPI.LOR), _RedOp.BXOR: (MPI.BXOR, MPI.LXOR), _RedOp.PREMUL_SUM: (MPI.SUM, None)}.items()}
 _PREMUL_SUM = _RedOp.PREMUL_SUM.value
 _SUM = dist.ReduceOp(dist.ReduceOp.SUM)  # where a call has no options
+_NOTHING = np.empty(0, np.uint8)  # what a barrier allreduces
 
 
 class ProcessGroup(dist.ProcessGroup):
     """A torch process group over an MPI communicator whose ranks are the group's, in its order."""
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    def __init__(self, comm: MPI.Intracomm, timeout: float | None = None) -> None:
+        """`timeout`: the group's (torch's options), in seconds: every wait of a call on it keeps it, as the
+        communicator's own (CommState.timeout), which leaves each call its quickest way. Collective: ringtree
+        is set up on `comm` here."""
         super().__init__(comm.Get_rank(), comm.Get_size())
-        self.comm = comm
+        self.comm, self.timeout = comm, timeout
+        self._state = comm_state(comm, timeout)
+        self._state.timeout = timeout
         self._name = self._description = ""
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's names, here and below)
@@ -105,24 +114,24 @@ class ProcessGroup(dist.ProcessGroup):
     def _allreduce(self, name: str, tensors, opts) -> Work:
         op_of, factor = self._op(name, opts, (), tensors)
         outputs, buffers = stand_ins(tensors, factor)
-        return Work([_run(opts, "allreduce", MPI.IN_PLACE, array(b), op_of(b), comm=self.comm) for b in buffers],
+        return self._work([self._run(opts, "allreduce", MPI.IN_PLACE, array(b), op_of(b)) for b in buffers],
                     tensors, outputs.then())
 
     def broadcast(self, tensors, opts=None) -> Work:
         root = 0 if opts is None else opts.rootRank
         self._check("broadcast", (), tensors)
         outputs, buffers = stand_ins(tensors)
-        return Work([_run(opts, "broadcast", array(b), root, comm=self.comm) for b in buffers], tensors, outputs.then())
+        return self._work([self._run(opts, "broadcast", array(b), root) for b in buffers], tensors, outputs.then())
 
     def reduce(self, tensors, opts=None) -> Work:
         root = 0 if opts is None else opts.rootRank
         at_root = self.comm.Get_rank() == root
         op_of, factor = self._op("reduce", opts, () if at_root else tensors, tensors if at_root else ())
         if not at_root:
-            return Work([_run(opts, "reduce", array(scaled(t, factor).contiguous()), None, op_of(t), root, comm=self.comm)
+            return self._work([self._run(opts, "reduce", array(scaled(t, factor).contiguous()), None, op_of(t), root)
                          for t in tensors], tensors)
         outputs, buffers = stand_ins(tensors, factor)
-        return Work([_run(opts, "reduce", MPI.IN_PLACE, array(b), op_of(b), root, comm=self.comm) for b in buffers],
+        return self._work([self._run(opts, "reduce", MPI.IN_PLACE, array(b), op_of(b), root) for b in buffers],
                     tensors, outputs.then())
 
     def allgather(self, output_lists, inputs, opts=None) -> Work:
@@ -153,9 +162,9 @@ class ProcessGroup(dist.ProcessGroup):
         for outputs, tensor in zip(output_lists, inputs):
             counts = [t.numel() for t in outputs]
             whole = tensor.new_empty(sum(counts))
-            requests.append(_run(opts, "allgather", array(tensor.contiguous()), array(whole), counts, comm=self.comm))
+            requests.append(self._run(opts, "allgather", array(tensor.contiguous()), array(whole), counts))
             copies.append((outputs, whole, counts))
-        return Work(requests, result, lambda: [unpack(*copy) for copy in copies])
+        return self._work(requests, result, lambda: [unpack(*copy) for copy in copies])
 
     def all_gather_single(self, output, tensor, opts=None) -> Work:
         return self.all_gather_single_coalesced([output], [tensor], opts)
@@ -168,9 +177,9 @@ class ProcessGroup(dist.ProcessGroup):
         targets, requests = Outputs(), []
         for output, tensor in zip(outputs, inputs):
             target, tensor = targets.of(output), tensor.contiguous()
-            requests.append(_run(opts, "allgather", in_place_at(tensor, target, rank) or array(apart(tensor, target)),
-                                 array(target), comm=self.comm))
-        return Work(requests, outputs, targets.then())
+            requests.append(self._run(opts, "allgather", in_place_at(tensor, target, rank) or array(apart(tensor, target)),
+                                 array(target)))
+        return self._work(requests, outputs, targets.then())
 
     _allgather_base = all_gather_single
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -185,9 +194,9 @@ class ProcessGroup(dist.ProcessGroup):
             whole = packed(inputs)
             if factor is not None:
                 whole.mul_(factor)
-            requests.append(_run(opts, "reduce_scatter", array(whole), array(targets.of(output)),
-                                 [t.numel() for t in inputs], op_of(output), comm=self.comm))
-        return Work(requests, outputs, targets.then())
+            requests.append(self._run(opts, "reduce_scatter", array(whole), array(targets.of(output)),
+                                 [t.numel() for t in inputs], op_of(output)))
+        return self._work(requests, outputs, targets.then())
 
     def reduce_scatter_single(self, output, tensor, opts=None) -> Work:
         return self.reduce_scatter_single_coalesced([output], [tensor], opts)
@@ -200,9 +209,9 @@ class ProcessGroup(dist.ProcessGroup):
         targets, requests = Outputs(), []
         for output, tensor in zip(outputs, inputs):
             target = targets.of(output)
-            requests.append(_run(opts, "reduce_scatter", array(apart(scaled(tensor, factor).contiguous(), target)),
-                                 array(target), None, op_of(tensor), comm=self.comm))
-        return Work(requests, outputs, targets.then())
+            requests.append(self._run(opts, "reduce_scatter", array(apart(scaled(tensor, factor).contiguous(), target)),
+                                 array(target), None, op_of(tensor)))
+        return self._work(requests, outputs, targets.then())
 
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -226,10 +235,10 @@ class ProcessGroup(dist.ProcessGroup):
             # ringtree's alltoall; given splits, its exchange of counts checks them against the other ranks'
             same = contiguous.numel() and contiguous.data_ptr() == target.data_ptr()
             counts = (send_counts, receive_counts) if split else ()
-            return Work([_run(opts, "alltoall", MPI.IN_PLACE if same else source, target_array, *counts,
-                              comm=self.comm)], [output], targets.then())
+            return self._work([self._run(opts, "alltoall", MPI.IN_PLACE if same else source, target_array, *counts)],
+                        [output], targets.then())
         send, receive = Bytes(tensor), Bytes(output)
-        return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
+        return self._work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
                     [output], receive.back)
 
     alltoall_base = all_to_all_single
@@ -240,7 +249,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._check("all_to_all", inputs, outputs)
         send, receive = Bytes(packed(inputs)), Bytes(outputs[0].new_empty(sum(t.numel() for t in outputs)))
         send_counts, receive_counts = [t.numel() for t in inputs], [t.numel() for t in outputs]
-        return Work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
+        return self._work([self._mpi(opts, "Ialltoallv", send.message(send_counts), receive.message(receive_counts))],
                     outputs, lambda: (receive.back(), unpack(outputs, receive.tensor, receive_counts)))
 
     def gather(self, output_lists, inputs, opts=None) -> Work:
@@ -248,12 +257,12 @@ class ProcessGroup(dist.ProcessGroup):
         self._check("gather", inputs, [t for outputs in output_lists for t in outputs])
         send = Bytes(inputs[0])
         if rank != root:
-            return Work([self._mpi(opts, "Igatherv", send.message(), None, root)], output_lists)
+            return self._work([self._mpi(opts, "Igatherv", send.message(), None, root)], output_lists)
         outputs = output_lists[0]
         self._count("gather", "the output list", outputs, self.comm.Get_size(), "rank")
         counts = [t.numel() for t in outputs]
         receive = Bytes(outputs[0].new_empty(sum(counts)))
-        return Work([self._mpi(opts, "Igatherv", send.message(), receive.message(counts), root)],
+        return self._work([self._mpi(opts, "Igatherv", send.message(), receive.message(counts), root)],
                     output_lists, lambda: (receive.back(), unpack(outputs, receive.tensor, counts)))
 
     def scatter(self, outputs, input_lists, opts=None) -> Work:
@@ -261,30 +270,32 @@ class ProcessGroup(dist.ProcessGroup):
         self._check("scatter", [t for inputs in input_lists for t in inputs], outputs)
         receive = Bytes(outputs[0])
         if rank != root:
-            return Work([self._mpi(opts, "Iscatterv", None, receive.message(), root)], outputs, receive.back)
+            return self._work([self._mpi(opts, "Iscatterv", None, receive.message(), root)], outputs, receive.back)
         inputs = input_lists[0]
         self._count("scatter", "the input list", inputs, self.comm.Get_size(), "rank")
         send = Bytes(packed(inputs))
         counts = [t.numel() for t in inputs]
-        return Work([self._mpi(opts, "Iscatterv", send.message(counts), receive.message(), root)],
+        return self._work([self._mpi(opts, "Iscatterv", send.message(counts), receive.message(), root)],
                     outputs, receive.back)
 
     def send(self, tensors, dst, tag) -> Work:
         self._check("send", tensors, ())
         data = Bytes(tensors[0])
-        return Work([self._mpi(None, "Isend", data.message(), dst, tag)], tensors)
+        return self._work([self._mpi(None, "Isend", data.message(), dst, tag)], tensors)
 
     def recv(self, tensors, src, tag) -> Work:
         self._check("recv", (), tensors)
         data = Bytes(tensors[0])
-        return Work([self._mpi(None, "Irecv", data.message(), src, tag)], tensors, data.back)
+        return self._work([self._mpi(None, "Irecv", data.message(), src, tag)], tensors, data.back)
 
     def recv_anysource(self, tensors, tag) -> Work:
         raise NotImplementedError("ringtree's torch backend: recv from any source (dist.recv without src) "
                                   "is not supported; name the source rank")
 
     def barrier(self, opts=None) -> Work:
-        return Work([self._mpi(opts, "Ibarrier")], None)
+        # An allreduce of nothing: every rank tells every other it is there, and waits for their word
+        # (runtime/empty.py), under the group's timeout, which MPI's own barrier would not keep.
+        return self._work([self._run(opts, "allreduce", _NOTHING)], None)
 
     # The checks every call makes before it starts anything.
 
@@ -340,14 +351,38 @@ class ProcessGroup(dist.ProcessGroup):
         row = tensor.numel() // tensor.shape[0] if tensor.dim() and tensor.shape[0] else 0
         return [s * row for s in splits]
 
-    def _mpi(self, opts, method: str, *arguments) -> MPIOwn | None:
-        """MPI's nonblocking `method` of the communicator, started; or its blocking form, run (None),
-        where torch waits at once and no collective of ringtree's engine is in flight: one would
-        move only while this process polls, and a peer may wait for it before it enters this call."""
-        if _waited_at_once(opts) and not IN_FLIGHT.running:
-            getattr(self.comm, method[1].upper() + method[2:])(*arguments)
+    def _mpi(self, opts, method: str, *arguments) -> Request | MPIOwn | None:
+        """MPI's own nonblocking `method` of the group, started; waited for where torch waits at once (None).
+        A collective is a ringtree call that MPI computes (api/converted.py: counted, with its signature
+        and the group's timeout); a send or receive, MPI's own on the group's communicator."""
+        if method in ("Isend", "Irecv"):
+            what = f"{method[1:].lower()} with rank {arguments[1]}, tag {arguments[2]}"
+            request = MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments), self.timeout, what)
+        else:
+            start = getattr(MPI.Intracomm, method)
+            request = Request(passed_through(self.comm, method[1].upper() + method[2:], "auto", None,
+                                             "torch's call of it", arguments,
+                                             lambda own: start(own, *arguments)), None)
+        if _waited_at_once(opts):
+            request.wait()
             return None
-        return MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments))
+        return request
+
+    def _run(self, opts, name: str, *arguments):
+        """ringtree's collective `name` on the group: blocking where torch waits for it at once, returning
+        None; else started, returning its request."""
+        if _waited_at_once(opts):
+            _CALLS[name][0](*arguments, comm=self.comm)
+            return None
+        return _CALLS[name][1](*arguments, comm=self.comm)
+
+    def _work(self, requests, result, then=None) -> Work:
+        return Work(requests, result, then, self._given_up)
+
+    def _given_up(self) -> None:
+        """Once a call's requests are done: raise where another rank gave up a call on the group after the
+        timeout (reliability.give_up), though this rank's messages may all have come."""
+        check_given_up(self._state, self._state.calls - 1, "call")
 
 
 def _waited_at_once(opts) -> bool:
@@ -355,10 +390,3 @@ def _waited_at_once(opts) -> bool:
     return opts is not None and not opts.asyncOp
 
 
-def _run(opts, name: str, *arguments, **options):
-    """ringtree's collective `name`: blocking where torch waits for it at once, returning None; else
-    started, returning its request."""
-    if _waited_at_once(opts):
-        _CALLS[name][0](*arguments, **options)
-        return None
-    return _CALLS[name][1](*arguments, **options)

@@ -31,11 +31,12 @@ __all__ = ["Work"]
 class Work(dist._Work):
     """The work of one call: `wait()`, `is_completed()`, `get_future()` (its value: `result`)."""
 
-    def __init__(self, requests: list, result, then=None) -> None:
-        """`requests`: what to wait for (None: a part done already)."""
+    def __init__(self, requests: list, result, then=None, settled=None) -> None:
+        """`requests`: what to wait for (None: a part done already); `settled()`, once they are done, raises
+        where the call cannot end well after all (ProcessGroup._given_up); then `then()`."""
         super().__init__()
         self._requests = [request for request in requests if request is not None]
-        self._result, self._then = result, then
+        self._result, self._then, self._settled = result, then, settled
         self._lock = threading.Lock()
         self._completed = False
         self._failure: BaseException | None = None
@@ -104,6 +105,8 @@ class Work(dist._Work):
                     request.wait()
                 else:
                     request._wait_for_another()  # noqa: SLF001 (the progress thread notes no thread)
+            if self._settled is not None:
+                self._settled()
             if self._then is not None:
                 self._then()
         except Exception as error:  # any: wait() raises it, the Future carries it
