@@ -1,8 +1,11 @@
+import faulthandler
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +22,36 @@ def pytest_configure(config):
     # Under mpiexec every rank runs the suite; rank 0 reports in full, the others only failures.
     if MPI.COMM_WORLD.Get_rank() != 0:
         config.option.verbose = -2
+    config.addinivalue_line("markers", "slow: takes seconds (a job of its own, or thousands of schedules): "
+                                       "scripts/test --quick leaves it out")
+    # A stage's time is up (timeout, or mpiexec passing its signal on): say where (a rank whose main thread
+    # waits inside MPI says it once that returns, or is killed; scripts/test kills 30 s later).
+    _RUNNING[2] = config
+    signal.signal(signal.SIGTERM, _stopped)
+
+
+_RUNNING: list = [None, 0.0, None]  # the test this rank runs, since when, and pytest's configuration
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING[:2] = [item.nodeid, time.monotonic()]
+    yield
+    _RUNNING[0] = None
+
+
+def _stopped(signum, frame):
+    """Say which test this rank was running when its stage ran out of time, and where each thread was."""
+    test, since, config = _RUNNING
+    capture = config.pluginmanager.getplugin("capturemanager") if config is not None else None
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)  # as pytest-timeout does: what follows reaches the terminal
+    where = f"in {test}, {time.monotonic() - since:.0f} s into it" if test else "between tests"
+    sys.stderr.write(f"\n[rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}] stopped (signal {signum}) "
+                     f"{where}; its threads:\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(sys.stderr, all_threads=True)
+    os._exit(124)
 
 
 @pytest.fixture

@@ -149,6 +149,7 @@ def test_every_op_and_dtype_at_small_counts(comm, algorithm):
         check_against_native(comm, algorithm, count, _every_case())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_op_and_dtype_at_a_mebi_element_count(comm, algorithm):
     # Each op and dtype pair runs once, in place and out of place alternately (both are run for every

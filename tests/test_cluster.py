@@ -89,6 +89,7 @@ def test_namespaces_with_capped_links_carry_messages_without_rendezvous_and_are_
     assert ours() == []
 
 
+@pytest.mark.slow
 @root
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_leaves_no_namespace_or_link(sig):

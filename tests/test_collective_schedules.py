@@ -44,6 +44,7 @@ def test_every_generator_computes_its_collective_on_1_to_16_ranks(name, algorith
         verify(algorithm, nranks, count, segment=4, collective=collective)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(case=st.sampled_from(CASES), nranks=st.integers(1, 20), data=st.data())
 def test_generated_schedules_verify_for_any_blocks_root_and_segment(case, nranks, data):
@@ -181,6 +182,7 @@ def test_reduce_traffic(nranks):
 ALLTOALL = sorted(GENERATORS["alltoall"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALLTOALL)
 @pytest.mark.parametrize("nranks", range(1, 17))
 def test_every_alltoall_generator_computes_alltoall_on_1_to_16_ranks(algorithm, nranks):

@@ -52,6 +52,7 @@ def test_bench_gives_each_case_the_median_of_its_passes(bench_results):
     assert "passes_us" not in bench_results[False][1]["rows"][0]
 
 
+@pytest.mark.slow
 def test_bench_times_auto_once_online_tuning_has_chosen(tmp_path):
     """An allreduce's first calls of a size are online tuning's trials of its candidates (42 calls at
     64 KiB on 2 ranks): bench warms `auto` up until they are over and the ranks have committed to a
@@ -63,6 +64,7 @@ def test_bench_times_auto_once_online_tuning_has_chosen(tmp_path):
     assert "tune 65536-131071 B, out of place, 4-byte elements, native allowed: committed to" in run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "alltoallv"])
 def test_bench_of_every_collective_checks_it_against_native_with_nccl_tests_busbw(tmp_path, collective):
     path = tmp_path / "bench.json"
@@ -93,6 +95,7 @@ def test_plot_writes_an_svg(bench_results, tmp_path):
     assert xml.dom.minidom.parse(str(out)).documentElement.tagName == "svg"
 
 
+@pytest.mark.slow
 def test_timeline_shows_receives_overlapping_reductions(tmp_path):
     template = str(tmp_path / "trace.json")
     run = run_mpiexec(2, "-m", "ringtree", "bench", "-b", "2M", "-e", "2M", "--iters", "3", "--warmup", "0",
@@ -134,6 +137,7 @@ def test_without_the_variable_nothing_is_recorded():
     assert not timeline.ACTIVE and not timeline._events
 
 
+@pytest.mark.slow
 def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
     table = tmp_path / "tuning.json"
     run = run_mpiexec(2, "-m", "ringtree", "tune", "-b", "8", "-e", "2M", "-f", "64", "--iters", "3",
@@ -164,6 +168,7 @@ def test_tune_writes_a_table_that_auto_then_uses(tmp_path):
         assert rules[rule]["algorithm"] in line
 
 
+@pytest.mark.slow
 def test_tune_collective_writes_the_fastest_measured_as_its_rules_and_auto_takes_them(tmp_path):
     shipped = Path(ringtree.__file__).parent / "tuning" / "default.json"
     table = tmp_path / "tuning.json"
@@ -206,6 +211,7 @@ def test_tune_collective_writes_the_fastest_measured_as_its_rules_and_auto_takes
         assert line.endswith(f"from table tuning.json reduce rules {i}")
 
 
+@pytest.mark.slow
 def test_tune_merge_retunes_only_its_sizes(tmp_path):
     from ringtree.tuning.selector import TuningTable
     shipped = Path(ringtree.__file__).parent / "tuning" / "default.json"
@@ -232,6 +238,7 @@ def test_tune_merge_retunes_only_its_sizes(tmp_path):
     assert json.loads(table.read_text()) == after
 
 
+@pytest.mark.slow
 def test_ranks_with_different_tables_get_a_clear_error_on_every_rank(tmp_path):
     script = (
         "import json, os, sys, numpy as np\n"
@@ -262,6 +269,7 @@ def test_ranks_with_different_tables_get_a_clear_error_on_every_rank(tmp_path):
         assert "ranks [0, 2]: table table0.json" in message and "ranks [1]: table table1.json" in message
 
 
+@pytest.mark.slow
 def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
     script = ("import numpy as np; from mpi4py import MPI; from ringtree.allreduce import allreduce\n"
               "result = allreduce(np.arange(5))\n"
@@ -271,6 +279,7 @@ def test_RINGTREE_ALGORITHM_forces_the_algorithm_and_says_so():
     assert run.stdout.split() == ["8"] and "double_tree" in run.stderr and "from RINGTREE_ALGORITHM" in run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, argument, message", [
     (["bench", "-f", "1"], "-f/--stepfactor", "must be at least 2, not 1"),  # grew the size grid forever
     (["bench", "--passes", "0"], "--passes", "must be at least 1, not 0"),
@@ -291,12 +300,14 @@ def test_commands_refuse_a_bad_count_naming_the_argument(tmp_path, command, argu
     assert not output.exists()
 
 
+@pytest.mark.slow
 def test_bench_refuses_an_empty_grid_before_measuring():
     run = run_mpiexec(2, "-m", "ringtree", "bench", "-b", "1M", "-e", "8", timeout=60)
     assert run.returncode != 0 and "error: no sizes: --minbytes 1048576 is above --maxbytes 8" in run.stderr
     assert "busbw" not in run.stdout
 
 
+@pytest.mark.slow
 def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     from ringtree.sim import simulate
     from ringtree.sim.calibration import load
@@ -321,6 +332,7 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     assert load(str(again)) == costs and json.loads(again.read_text())["allreduce_seconds"] == measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, message", [
     (["bench", "--dtype", "foo"], "argument --dtype: not a numpy dtype: 'foo'"),
     (["bench", "--dtype", "int32", "--op", "avg"], "--op avg --dtype int32: op avg is not defined for dtype int32"),
@@ -379,6 +391,7 @@ def test_every_bad_argument_is_a_usage_error_not_a_traceback(tmp_path, command, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_draw_refuses_a_diagram_too_large_at_once():
     import time
     started = time.perf_counter()
@@ -387,6 +400,7 @@ def test_draw_refuses_a_diagram_too_large_at_once():
     assert run.returncode == 2 and time.perf_counter() - started < 30
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own processes; run on one rank")
 @pytest.mark.parametrize("script", sorted(path.name for path in (Path(__file__).parent.parent / "scripts").glob("*.py")))
 def test_every_script_imports_and_refuses_a_bad_argument_with_a_usage_error(script):
@@ -399,6 +413,7 @@ def test_every_script_imports_and_refuses_a_bad_argument_with_a_usage_error(scri
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
 
 
+@pytest.mark.slow
 def test_the_demo_times_auto_once_it_has_committed_and_names_what_it_runs(tmp_path):
     demo = Path(__file__).parent.parent / "examples" / "allreduce_demo.py"
     run = run_mpiexec(2, str(demo), "--count", "1000", "--repeat", "3", env={"RINGTREE_CACHE_DIR": str(tmp_path),
@@ -411,6 +426,7 @@ def test_the_demo_times_auto_once_it_has_committed_and_names_what_it_runs(tmp_pa
         run.stdout + run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["plot", "BENCH"], ["draw", "--algorithm", "ring"]])
 def test_plot_and_draw_without_matplotlib_say_how_to_get_it(tmp_path, command):
     hidden = tmp_path / "hidden" / "matplotlib"
@@ -425,6 +441,7 @@ def test_plot_and_draw_without_matplotlib_say_how_to_get_it(tmp_path, command):
     assert "need matplotlib: pip install 'ringtree[plot]'" in run.stderr
 
 
+@pytest.mark.slow
 def test_tune_refuses_a_file_that_is_not_a_table_before_measuring(tmp_path):
     """tune -o FILE, FILE there and not a tuning table: a usage error on every rank in the time MPI takes
     to start, not after the grid's half minute of measuring, naming the file, which stays as it was."""
@@ -439,6 +456,7 @@ def test_tune_refuses_a_file_that_is_not_a_table_before_measuring(tmp_path):
     assert json.loads(results.read_text()) == {"rows": []}
 
 
+@pytest.mark.slow
 def test_bench_times_a_size_in_whole_elements_says_so_and_says_where_it_wrote(tmp_path):
     path = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, "-m", "ringtree", "bench", "-b", "6", "-e", "6", "--algorithms", "native",
@@ -479,6 +497,7 @@ def test_plot_titles_a_panel_with_its_collective(tmp_path, collective, op, title
     assert f"<!-- {title} -->" in (tmp_path / "busbw.svg").read_text()
 
 
+@pytest.mark.slow
 def test_simulate_and_draw_say_one_rank_and_one_element_and_where_they_wrote(tmp_path):
     path = tmp_path / "result.json"
     run = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "1",
@@ -491,6 +510,7 @@ def test_simulate_and_draw_say_one_rank_and_one_element_and_where_they_wrote(tmp
     assert "<!-- ring, 1 rank, 1 element -->" in (tmp_path / "ring.svg").read_text()
 
 
+@pytest.mark.slow
 def test_timeline_merge_says_where_it_wrote(tmp_path):
     traces = [tmp_path / f"trace.rank{rank}.json" for rank in (0, 1)]
     for rank, trace in enumerate(traces):
@@ -530,6 +550,7 @@ def test_a_fit_with_a_cost_at_zero_or_far_from_its_times_is_called_poor():
     assert poor_fit("costs", [], fit_error(exact, fit(exact))) is None
 
 
+@pytest.mark.slow
 def test_calibrate_warns_of_a_poor_fit(tmp_path):
     """calibrate --refit (no MPI) of times that shrink as the size grows, and a reduction measured at no
     cost: both fits are poor, and each warning says what makes it so."""
@@ -547,6 +568,7 @@ def test_calibrate_warns_of_a_poor_fit(tmp_path):
     assert "β (time per byte sent)" in run.stderr.split("allreduce times: ")[1]
 
 
+@pytest.mark.slow
 def test_a_cache_dir_that_is_a_file_is_refused_naming_the_variable_and_the_path(tmp_path):
     from ringtree.tuning import cache
     blocking = tmp_path / "cache"

@@ -35,6 +35,7 @@ def test_a_library_that_cannot_tell_is_taken_as_not_cuda_aware():
     assert not support.aware and "has neither MPIX_GPU_query_support nor MPIX_Query_cuda_support" in support.reason
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs a process of its own")
 def test_the_answer_is_logged_once_with_ringtree_debug():
     code = "from ringtree.runtime.cuda import cuda_support; cuda_support(); print(cuda_support().aware)"

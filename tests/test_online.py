@@ -328,6 +328,7 @@ LEARNS = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 def test_a_second_job_starts_from_the_cache_with_no_trial_and_the_command_shows_and_clears_it(tmp_path):
     env = {"RINGTREE_CACHE_DIR": str(tmp_path), "RINGTREE_DEBUG": "1"}

@@ -18,6 +18,7 @@ def test_the_readme_has_python_blocks():
     assert len(BLOCKS) >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.splitlines()[-1][:40])
 def test_a_readme_block_runs_as_written(block, nranks, tmp_path):

@@ -145,6 +145,7 @@ def test_verifier_catches_an_order_that_deadlocks_only_when_run_step_by_step():
         verify_schedules(schedules)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_every_algorithm_verifies_on_1_to_64_ranks(algorithm):
     for nranks in range(1, 65):

@@ -74,6 +74,7 @@ def test_the_docs_table_lists_every_variable_with_the_values_it_takes():
         assert variable.values in documented[variable.name]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs processes of its own")
 @pytest.mark.parametrize("variable, value", [("RINGTREE_TIMEOUT", "abc"), ("RINGTREE_CHECK", "maybe")])
 def test_a_bad_value_is_a_clear_error_at_the_first_call_not_at_import(variable, value):
@@ -91,6 +92,7 @@ def test_a_bad_value_is_a_clear_error_at_the_first_call_not_at_import(variable, 
     assert "on rank 0" in error
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs processes of its own")
 def test_a_command_refuses_a_bad_setting_as_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "2",
@@ -100,6 +102,7 @@ def test_a_command_refuses_a_bad_setting_as_a_usage_error():
     assert "RINGTREE_ALGORITHM='fastest' is not a value ringtree takes" in run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs processes of its own")
 def test_a_bad_value_on_one_rank_alone_is_an_error_on_every_rank_not_a_hang():
     code = ("import json, numpy as np, ringtree\n"
@@ -131,6 +134,7 @@ def test_a_timeline_that_could_not_be_written_is_refused_at_the_first_call_not_l
         settings.read({"RINGTREE_TIMELINE": template})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs processes of its own")
 def test_a_tuning_file_that_is_not_a_table_is_a_setting_error_naming_the_variable(tmp_path):
     bench = tmp_path / "bench.json"

@@ -80,6 +80,7 @@ def test_the_call_overhead_delays_every_rank_alike():
     assert late.finish == pytest.approx([f + 7e-6 for f in plain.finish])
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(algorithm=st.sampled_from(sorted(ALGORITHMS)), nranks=st.integers(1, 24), count=st.integers(0, 400),
        segment=st.sampled_from([0, 4, 64, 256]))
@@ -345,6 +346,7 @@ def test_draw_writes_valid_svg_with_an_arrow_per_message(algorithm, tmp_path):
     assert arrows >= messages
 
 
+@pytest.mark.slow
 def test_simulate_command_prints_json():
     out = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "8",
                           "--bytes", "1MiB", "--json", "-"], capture_output=True, text=True, check=True).stdout
@@ -353,6 +355,7 @@ def test_simulate_command_prints_json():
     assert result["time"] > 0
 
 
+@pytest.mark.slow
 def test_simulate_command_runs_a_blocking_call_a_step_at_a_time():
     times = [json.loads(subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "double_tree",
                                         "--ranks", "2", "--bytes", "8", "--alpha", "1", "--beta", "0", "--gamma", "0",
@@ -362,6 +365,7 @@ def test_simulate_command_runs_a_blocking_call_a_step_at_a_time():
     assert times == [2.0, 3.0]
 
 
+@pytest.mark.slow
 def test_simulate_command_takes_a_setup_cost():
     out = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "2",
                           "--bytes", "8", "--alpha", "1", "--beta", "0", "--gamma", "0", "--setup", "0.5", "--json", "-"],
@@ -369,6 +373,7 @@ def test_simulate_command_takes_a_setup_cost():
     assert json.loads(out)["time"] == 3.0
 
 
+@pytest.mark.slow
 def test_simulate_command_gives_ranges_where_ranks_differ_too_much_for_a_line_each():
     # 64 ranks, chunks of 10 and 11 elements: traffic differs from rank to rank by an element or so
     command = [sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "64", "--bytes",
@@ -381,6 +386,7 @@ def test_simulate_command_gives_ranges_where_ranks_differ_too_much_for_a_line_ea
     assert "--json lists every rank" in out
 
 
+@pytest.mark.slow
 def test_a_command_whose_reader_goes_away_stops_quietly():
     # About 90 KB of JSON, more than a pipe holds: the command is still writing when the reader leaves.
     command = subprocess.Popen([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "1024",
@@ -395,6 +401,7 @@ SIMULATE_EVERY_RANK = [sys.executable, "-m", "ringtree", "simulate", "--algorith
                        "--bytes", "1MiB", "--no-duplex"]  # a tree, one port per rank: no shortcut
 
 
+@pytest.mark.slow
 def test_simulating_every_rank_shows_progress_on_a_terminal_and_nothing_elsewhere():
     pid, terminal = pty.fork()
     if pid == 0:  # the command, on a terminal 100 columns wide
@@ -415,6 +422,7 @@ def test_simulating_every_rank_shows_progress_on_a_terminal_and_nothing_elsewher
     assert piped.stderr == b"" and b"predicted time" in piped.stdout
 
 
+@pytest.mark.slow
 def test_simulate_command_refuses_half_a_protocol_with_a_message():
     run = subprocess.run([sys.executable, "-m", "ringtree", "simulate", "--algorithm", "ring", "--ranks", "4",
                           "--bytes", "1M", "--eager-limit", "4K"], capture_output=True, text=True)
@@ -474,6 +482,7 @@ def test_the_calibration_fits_simulate_as_simulate_does(algorithm):
                 stepwise=runs_stepwise(algorithm, nbytes, segment)).time
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("port, model", [("full duplex", dict(duplex=True, setup=2e-6)),
                                          ("one port", dict(duplex=False))])
 def test_calibration_finds_the_port_model_eager_limit_and_costs_of_its_data(port, model):

@@ -91,6 +91,7 @@ HAMMER = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("nranks", [2, 3, 4, 8])
 def test_threads_on_communicators_of_their_own_get_right_results_and_wait_on_each_others_requests(nranks):
@@ -139,6 +140,7 @@ def alltoalls_given_counts(comm):
 ALLTOALLS = HAMMER.replace("hammer", "alltoalls_given_counts")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_threads_on_communicators_of_their_own_exchange_the_counts_of_their_alltoalls_apart(nranks):
@@ -146,6 +148,7 @@ def test_threads_on_communicators_of_their_own_exchange_the_counts_of_their_allt
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("start", ["new", "after-call"])
 @pytest.mark.parametrize("nranks", [2, 3])
@@ -194,6 +197,7 @@ TAKING_TURNS = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_threads_that_take_turns_on_one_communicator_in_the_same_order_on_every_rank_get_right_results(nranks):
@@ -242,6 +246,7 @@ HANDED_ON = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_small_call_while_another_thread_waits_on_a_request_on_its_communicator_takes_none_of_its_messages(nranks):
@@ -250,6 +255,7 @@ def test_a_small_call_while_another_thread_waits_on_a_request_on_its_communicato
     _every_rank_says(nranks, HANDED_ON, "0 wrong of 600")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 def test_ranks_where_different_numbers_of_threads_call_on_a_communicator_are_told_so():
     # Rank 0 hands its calls to other threads, rank 1 makes them itself: rank 0 then confirms each
@@ -298,6 +304,7 @@ FIRST_CALLS_AT_ONCE = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_threads_that_make_their_first_calls_at_once_on_communicators_of_their_own_get_no_error(nranks):

@@ -45,6 +45,7 @@ def test_the_node_aware_ring_crosses_each_node_boundary_once(nodes, data):
     assert len(across) == (t.nodes if t.nodes > 1 else 0)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(nodes=st.lists(st.integers(0, 4), min_size=1, max_size=10), count=st.integers(0, 300),
        segment=st.sampled_from([0, 1, 7, 64]), window=st.integers(1, 4), staged=st.booleans())
@@ -112,6 +113,7 @@ def test_the_simulator_charges_messages_between_nodes_their_own_costs_and_one_li
         simulate("ring", 2, 8, costs._replace(between_nodes=(1.0, -1.0)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv,said", [
     (["simulate", "--algorithm", "ring", "--ranks", "4", "--bytes", "1M", "--layout", "2,1"], "has 3 ranks, not 4"),
     (["simulate", "--algorithm", "ring", "--ranks", "3", "--bytes", "1M", "--layout", "2,1", "--placement",
