@@ -22,14 +22,17 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
               timeout=None):
     """Combine `sendbuf` from every rank of `comm` with `op`; every rank gets the result.
 
-    `sendbuf` is a C-contiguous array, or MPI.IN_PLACE with the input in
-    `recvbuf`. The result goes into `recvbuf` (a new array when None), which is
-    returned. `algorithm` is "auto" or a name from ringtree.algorithms.ALGORITHMS;
-    `segment` (bytes) overrides the pipeline's segment size. `check=True`
-    (default: RINGTREE_CHECK) makes the ranks agree on the call's arguments
-    first and raise MismatchError if they differ; `timeout` (seconds, default:
-    RINGTREE_TIMEOUT) raises TimeoutError when the collective makes no progress
-    for that long. Both must be the same on every rank.
+    `sendbuf` is a contiguous array, C- or Fortran-ordered (numpy, CuPy, a torch
+    tensor), or any other buffer mpi4py's Allreduce takes (docs/buffers.md); or
+    MPI.IN_PLACE (or None) with the input in `recvbuf`. The result goes into
+    `recvbuf`, which is returned; when None, into a new array of a numpy sendbuf's
+    shape and order (a new tensor for a tensor). `algorithm` is "auto" or a name
+    from ringtree.algorithms.ALGORITHMS; `segment` (bytes) overrides the
+    pipeline's segment size. `check=True` (default: RINGTREE_CHECK) makes the
+    ranks agree on the call's arguments first and raise MismatchError if they
+    differ; `timeout` (seconds, default: RINGTREE_TIMEOUT) raises TimeoutError
+    when the collective makes no progress for that long. Both must be the same
+    on every rank.
     """
     again = AGAIN["allreduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
     if again is not None and segment is check is timeout is None:
