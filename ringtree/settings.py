@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 from .algorithms import ALGORITHMS
 
-__all__ = ["Settings", "SettingError", "VARIABLES", "cached", "current", "reload", "read", "torch_rendezvous"]
+__all__ = ["Settings", "SettingError", "VARIABLES", "cached", "current", "reload", "read", "torch_rendezvous",
+           "not_a_folder"]
 
 
 class SettingError(ValueError):

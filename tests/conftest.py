@@ -22,8 +22,6 @@ def pytest_configure(config):
     # Under mpiexec every rank runs the suite; rank 0 reports in full, the others only failures.
     if MPI.COMM_WORLD.Get_rank() != 0:
         config.option.verbose = -2
-    config.addinivalue_line("markers", "slow: takes seconds (a job of its own, or thousands of schedules): "
-                                       "scripts/test --quick leaves it out")
     # A stage's time is up (timeout, or mpiexec passing its signal on): say where (a rank whose main thread
     # waits inside MPI says it once that returns, or is killed; scripts/test kills 30 s later).
     _RUNNING[2] = config

@@ -14,6 +14,7 @@ from ..debug import configure_debug_logging, log
 from ..ops import MPI_OP, ReduceOp, op_name, parse_op
 from ..runtime.backend import NoDevice
 from ..runtime.mismatch import signature
+from ..runtime.one_caller import in_call
 from ..runtime.passed_through import PassedThrough
 from ..runtime.refusal import refusing
 from .buffers import converted, datatype_name, numpy_dtype, passes_through
@@ -28,7 +29,7 @@ __all__ = ["converted_call", "passed_through"]
 COLLECTIVES = {"Allreduce": "allreduce", "Reduce_scatter_block": "reduce_scatter", "Reduce_scatter": "reduce_scatter",
                "Allgather": "allgather", "Allgatherv": "allgather", "Bcast": "broadcast", "Reduce": "reduce",
                "Alltoall": "alltoall", "Alltoallv": "alltoall", "Gatherv": "gather", "Scatterv": "scatter"}
-ROOTED = ("Bcast", "Reduce", "Gatherv", "Scatterv")  # their root is their last argument
+ROOT_LAST = ("Bcast", "Reduce", "Gatherv", "Scatterv")  # the methods whose last argument is the root
 
 
 def converted_call(run, start, sendbuf, recvbuf, op, comm, algorithm="auto", timeout=None):
@@ -66,15 +67,21 @@ def converted_call(run, start, sendbuf, recvbuf, op, comm, algorithm="auto", tim
 def passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start) -> PassedThrough:
     """MPI's own collective of mpi4py's `method` with `arguments`, which ringtree does not compute
     (`why`), started by `start(comm)` on the communicator of its signature, once the call's
-    communicator, options and settings are checked (a refusal told to the other ranks)."""
+    communicator, options and settings are checked; under the thread rules, as every call (a refusal,
+    also of what MPI finds wrong in the arguments at the start, told to the other ranks)."""
+    return in_call(comm, _passed_through, comm, method, algorithm, timeout, why, arguments, start)
+
+
+def _passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start) -> PassedThrough:
     name = COLLECTIVES[method]
     _, state, _, timeout = checked(name, comm, timeout, lambda: (
         check_comm(comm, name), name in GENERATORS and check_options(name, comm, algorithm, None, None)))
     configure_debug_logging(MPI.COMM_WORLD.Get_rank())
     log.info("%s passed through to MPI's own: ringtree does not compute %s", method, why)
-    count, datatype, op, root = _described(method, arguments)
-    sign = signature(count, datatype, op, algorithm, None, name, root)
-    return PassedThrough(state, sign, timeout, start, arguments)
+    with refusing(comm):
+        count, datatype, op, root = _described(method, arguments)
+        sign = signature(count, datatype, op, algorithm, None, name, root)
+        return PassedThrough(state, sign, timeout, start, arguments)
 
 
 def _received(sendbuf, recvbuf) -> tuple:
@@ -113,7 +120,7 @@ def _described(method: str, arguments: tuple) -> tuple:
     if op is not None:
         known = _predefined(op)
         op = op_name(op) if known is None else known.value
-    root = arguments[-1] if method in ROOTED else None
+    root = arguments[-1] if method in ROOT_LAST else None
     if method != "Allreduce":
         return -1, _message(specs[0])[1] if specs else "bytes", op, root
     count, datatype = _message(specs[-1])

@@ -198,13 +198,18 @@ def _nothing(*_) -> None:
 class MPIOwn:
     """MPI's own nonblocking call, started by `start()` on a communicator of the caller's (the torch
     backend's send and receive): what a Request tests and waits on. Its waits progress ringtree's
-    collectives in flight, are watched for a stall, and keep `timeout`: past it, a receive is
-    cancelled and TimeoutError raised. `what`: the call, as a warning or error names it."""
+    collectives in flight, are watched for a stall, and keep `timeout`: past it, TimeoutError, a
+    receive cancelled first (it must not land in the caller's memory later) and a send let go (MPI
+    cannot cancel one that has begun; waiting for it could take for ever), its request and `buffers`
+    kept in `abandoned` (MPI may read them later: a peer that comes late reads a large message straight
+    from them). `what`: the call, as a warning or error names it; `receive`: whether it is a receive."""
 
-    __slots__ = ("comm", "request", "done", "timeout", "what")
+    __slots__ = ("comm", "request", "done", "timeout", "what", "receive", "buffers", "abandoned")
 
-    def __init__(self, comm, start, timeout: float | None = None, what: str = "MPI's own call") -> None:
+    def __init__(self, comm, start, timeout: float | None = None, what: str = "MPI's own call",
+                 receive: bool = False, buffers: tuple = (), abandoned: list | None = None) -> None:
         self.comm, self.request, self.done, self.timeout, self.what = comm, start(), False, timeout, what
+        self.receive, self.buffers, self.abandoned = receive, buffers, abandoned
 
     def test(self) -> bool:
         if not self.done:
@@ -228,8 +233,13 @@ class MPIOwn:
 
     def _timed_out(self) -> TimeoutError:
         try:
-            self.request.Cancel()  # a receive's: it must not land in the caller's memory later
-            self.request.Wait()
+            if self.receive:
+                self.request.Cancel()
+                self.request.Wait()
+            else:
+                if self.abandoned is not None:
+                    self.abandoned.append((self.request, self.buffers))
+                self.request.Free()
         except MPI.Exception:
             pass
         return TimeoutError(f"ringtree on rank {self.comm.Get_rank()}: {self.what} made no progress for "

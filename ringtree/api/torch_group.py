@@ -20,6 +20,8 @@ does not do, sparse tensors among it, raises NotImplementedError naming the call
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -72,6 +74,8 @@ _OPS = {op.value: ops for op, ops in {
 _PREMUL_SUM = _RedOp.PREMUL_SUM.value
 _SUM = dist.ReduceOp(dist.ReduceOp.SUM)  # where a call has no options
 _NOTHING = np.empty(0, np.uint8)  # what a barrier allreduces
+_MPI_ONLY = {"Igatherv": "a gather", "Iscatterv": "a scatter",  # why MPI's own computes each (its log line)
+             "Ialltoallv": "an alltoall of a list of tensors, or of CUDA tensors as bytes"}
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -357,11 +361,12 @@ class ProcessGroup(dist.ProcessGroup):
         and the group's timeout); a send or receive, MPI's own on the group's communicator."""
         if method in ("Isend", "Irecv"):
             what = f"{method[1:].lower()} with rank {arguments[1]}, tag {arguments[2]}"
-            request = MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments), self.timeout, what)
+            request = MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments), self.timeout, what,
+                             method == "Irecv", arguments, self._state.abandoned)
         else:
             start = getattr(MPI.Intracomm, method)
             request = Request(passed_through(self.comm, method[1].upper() + method[2:], "auto", None,
-                                             "torch's call of it", arguments,
+                                             _MPI_ONLY[method], arguments,
                                              lambda own: start(own, *arguments)), None)
         if _waited_at_once(opts):
             request.wait()
@@ -377,12 +382,10 @@ class ProcessGroup(dist.ProcessGroup):
         return _CALLS[name][1](*arguments, comm=self.comm)
 
     def _work(self, requests, result, then=None) -> Work:
-        return Work(requests, result, then, self._given_up)
-
-    def _given_up(self) -> None:
-        """Once a call's requests are done: raise where another rank gave up a call on the group after the
-        timeout (reliability.give_up), though this rank's messages may all have come."""
-        check_given_up(self._state, self._state.calls - 1, "call")
+        """The work of a call just started: once its requests are done, it raises where another rank gave
+        up the call, or an earlier one, after the timeout (reliability.give_up), though this rank's
+        messages may all have come."""
+        return Work(requests, result, then, partial(check_given_up, self._state, self._state.calls - 1, "call"))
 
 
 def _waited_at_once(opts) -> bool:

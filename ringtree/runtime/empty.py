@@ -15,7 +15,7 @@ from .in_flight import progress_others
 from .mismatch import Signature, everywhere, tell
 from .reliability import given_up, take_in
 from .stalls import watched
-from .watch import Watch
+from .watch import Watch, differs, reported
 
 __all__ = ["EmptyCall"]
 
@@ -54,13 +54,12 @@ class EmptyCall:
         where one told another, or raised."""
         state, seq = self.state, self.seq
         take_in(state, seq)
-        error = given_up(state, seq, self.signature.collective) if state.given_up is not None else None
+        error = given_up(state, seq, self.signature.collective)
         if error is not None:
             raise error
         reports = state.reports.get(seq, {})
         threads = bool(state.threads_bit)
         for source, theirs in reports.items():
-            if theirs[2] or theirs[1] != self.signature or theirs[4] != threads:
-                raise everywhere(state, seq, self.signature, f"rank {source} reports " + (
-                    f"a mismatch in call #{seq}" if theirs[2] else "another signature for this call"))
+            if differs(theirs, self.signature, threads):
+                raise everywhere(state, seq, self.signature, reported(source, theirs, seq))
         return len(reports) == state.size - 1

@@ -212,8 +212,8 @@ class Execution:
         IN_FLIGHT.running.discard(self)
         self.finish()
 
-    def give_up(self, error: Exception) -> None:
-        """Abandon this collective (InFlight.abandon) after a mismatch."""
+    def abandon(self, error: Exception) -> None:
+        """Abandon this collective (InFlight.abandon) after a mismatch or a timeout."""
         with LOCK:
             IN_FLIGHT.abandon(self, error)
 

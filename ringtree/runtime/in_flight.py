@@ -84,7 +84,7 @@ class InFlight:
             if action[0] is RECV:
                 expected = (action[3].stop - action[3].start) * execution.buffers[action[2]].itemsize
                 if status.Get_count(BYTE) != expected:
-                    Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(
+                    Watch(execution.state, execution.seq, execution.signature, execution.abandon).fail(
                         wrong_size(action[1], status.Get_count(BYTE), expected))
         if len(finished) == len(owners):
             self.requests, self.owners = [], []
@@ -114,7 +114,7 @@ class InFlight:
         if fine:  # the failed collective's requests, null or not, abandon takes out
             self._completed([i for i, _ in fine], [status for _, status in fine])
         if isinstance(ours, MismatchError):  # a message larger than its receive: every rank is told
-            Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(str(ours))
+            Watch(execution.state, execution.seq, execution.signature, execution.abandon).fail(str(ours))
         raise self.abandon(execution, ours) from None
 
     def _poll_queued(self) -> bool:
@@ -125,7 +125,7 @@ class InFlight:
                 finished = entry[0].done
             except (WrongSize, MessageError) as error:  # the ranks differ on the call, or on its arrays
                 execution = entry[1]
-                Watch(execution.state, execution.seq, execution.signature, execution.give_up).fail(mismatch(error))
+                Watch(execution.state, execution.seq, execution.signature, execution.abandon).fail(mismatch(error))
             except RuntimeError as error:  # a peer's memory cannot be mapped
                 raise self.abandon(entry[1], error) from None
             (done if finished else running).append(entry)
@@ -200,7 +200,8 @@ class InFlight:
                     waiting[1] += 1
                     if timeout is not None:
                         last_progress = time.perf_counter()
-                    watch = None  # its idle time starts again (a communicator's timeout counts from here)
+                    if watch is not None:  # its idle time starts again (a communicator's timeout counts from here)
+                        watch.started = time.perf_counter()
                     continue
                 if timeout is not None:
                     now = time.perf_counter()
@@ -216,7 +217,7 @@ class InFlight:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
                         peers = execution.peers_waited_for()
-                        watch = Watch(execution.state, execution.seq, execution.signature, execution.give_up,
+                        watch = Watch(execution.state, execution.seq, execution.signature, execution.abandon,
                                       announce=execution.signature.collective != "allreduce",
                                       shared=execution if type(execution.transport) is ShmTransport else None,
                                       waits_for=f"it waits for {ranks_text(peers)}" if peers else "")

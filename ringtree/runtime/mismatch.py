@@ -54,17 +54,19 @@ GAVE_UP = "gave the call up: "  # how a rank's report says it timed out in a cal
 _DTYPES = "?bBhHiIlLqQefdgFDG"
 # ringtree's ops, then those only MPI's own allreduce computes (buffers.passes_through), as ops.op_name names them
 _OPS = [op.value for op in ReduceOp] + ["MPI.MAXLOC", "MPI.MINLOC", "a user-defined MPI.Op"]
+NO_OP = 15  # the op's code for a collective that reduces nothing: the last of 4 bits
 ALGORITHM_BITS = 3  # of a signature's code: "auto" and every algorithm of a collective must fit
 _ALGORITHMS = {name: ["auto", *sorted(algorithms)] for name, algorithms in REGISTRY.items()}
 _ALGORITHMS["allreduce"] = ["auto", *REGISTRY["allreduce"]]
 _MPI_ONLY = ["auto"]  # a collective that MPI's own alone computes (gather, scatter: runtime/passed_through.py)
+if len(_OPS) > NO_OP:
+    raise ImportError(f"{len(_OPS)} ops; a signature codes at most {NO_OP} (runtime/mismatch.py, NO_OP)")
 for _name, _names in _ALGORITHMS.items():
     if len(_names) > 1 << ALGORITHM_BITS:
         raise ImportError(f"{_name} has {len(_names) - 1} algorithms; a signature codes auto and at most "
                           f"{(1 << ALGORITHM_BITS) - 1} (runtime/mismatch.py, ALGORITHM_BITS)")
 _FIELDS = ("count", "dtype", "op", "algorithm", "segment", "collective", "root", "blocks")
 _ROOT = 1 + _FIELDS.index("root")  # in a Signature
-NO_OP = 15  # the op's code for a collective that reduces nothing
 
 
 class Signature(NamedTuple):
@@ -173,6 +175,16 @@ def keep_report(state, source: int, theirs: tuple) -> tuple:
     return theirs
 
 
+def _take_reports(state, status: MPI.Status) -> bool:
+    """Keep the other ranks' reports waiting on the control communicator (matched probes: another thread
+    may take in at once); whether there were any."""
+    took = False
+    while (probed := state.control.improbe(MPI.ANY_SOURCE, CALL, status)) is not None:
+        keep_report(state, status.Get_source(), probed.recv())
+        took = True
+    return took
+
+
 def tell(state, seq: int, signature: Signature, raised: bool, reason: str = "") -> None:
     state.answers = [request for request in state.answers if not request.Test()]
     for rank in range(state.size):
@@ -197,9 +209,7 @@ def refused(state, seq: int, why: str) -> bool:
         return report is not None and report[2] and (not report[3].startswith(REFUSED) or report[1].count >= mine)
 
     while not all(answered(state.reports.get(seq, {}).get(rank)) for rank in others):
-        while state.control.Iprobe(MPI.ANY_SOURCE, CALL, status):
-            source = status.Get_source()
-            keep_report(state, source, state.control.recv(source=source, tag=CALL))
+        _take_reports(state, status)
         backoff.empty()
     reports = state.reports[seq]
     answers = {rank: reports[rank] for rank in others}
@@ -233,7 +243,7 @@ _TELLING = threading.Lock()
 
 
 def _told(state, seq: int, signature: Signature, why: str, reason: str) -> MismatchError:
-    comm, control, me = state.comm, state.control, state.rank
+    comm, me = state.comm, state.rank
     for rank in range(state.size):
         if rank != me:
             comm.Isend([b"", MPI.BYTE], rank, state.layout.notice_of(seq)).Free()
@@ -245,10 +255,8 @@ def _told(state, seq: int, signature: Signature, why: str, reason: str) -> Misma
     backoff = Backoff()
     while len(state.raised) < others and time.perf_counter() < deadline:  # until every rank knows
         backoff.empty()
-        while control.Iprobe(MPI.ANY_SOURCE, CALL, status):
+        if _take_reports(state, status):
             backoff.moved()
-            source = status.Get_source()
-            keep_report(state, source, control.recv(source=source, tag=CALL))
         message = comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
         if message is not None:  # a message of this call, which a blocked sender waits to hand over
             backoff.moved()

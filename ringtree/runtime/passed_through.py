@@ -21,7 +21,9 @@ from .watch import Watch
 
 __all__ = ["PassedThrough"]
 
-COMMUNICATORS = 16  # kept per communicator, one per signature: the oldest is freed to make room
+# Kept per communicator, one per signature (count among it: calls that differ only in their count must
+# not meet inside MPI, which would not tell them apart); the least recently used freed to make room.
+COMMUNICATORS = 16
 
 
 class PassedThrough:
@@ -33,9 +35,11 @@ class PassedThrough:
     def __init__(self, state, signature: Signature, timeout: float | None, start, arrays: tuple = ()) -> None:
         self.state, self.comm, self.signature, self.timeout, self.arrays = state, state.comm, signature, timeout, arrays
         self.what = f"{signature.collective} on rank {state.rank} of {state.name} ({signature.described()}), in MPI's own"
-        own = state.passed_through.get(signature)
+        own = state.passed_through.pop(signature, None)
         if own is None:  # made with the other ranks: a wait, watched
             own = watched(partial(_communicator, state, signature, timeout), self.what)
+        else:  # the most recently used last: the least recently used is freed to make room
+            state.passed_through[signature] = own
         self.request = start(own)
         self.seq = state.calls  # counted as every call is
         state.calls = self.seq + 1

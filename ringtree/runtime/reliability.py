@@ -48,17 +48,19 @@ def take_in(state, seq: int) -> list[tuple]:
     """Every message waiting on the control communicator: each rank that asks who is here told that this
     rank is in call #seq; the other ranks' reports (mismatch.tell) kept, and returned as (rank, report); a late answer
     to a question of this rank's dropped. Until two probes in a row find nothing: MPICH takes in one
-    message that has come since its last progress per probe, and finds it on the next."""
+    message that has come since its last progress per probe, and finds it on the next. Matched probes:
+    another thread (the progress thread's end of a call) may take in at once, and each message is one's."""
     state.answers = [request for request in state.answers if not request.Test()]
     control, status = state.control, MPI.Status()
     reports, misses = [], 0
     while misses < 2:
-        if not control.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        probed = control.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+        if probed is None:
             misses += 1
             continue
         misses = 0
         source, tag = status.Get_source(), status.Get_tag()
-        message = control.recv(source=source, tag=tag)
+        message = probed.recv()
         if tag == PING:
             state.answers.append(control.isend(seq, source, PRESENT))
         elif tag == CALL:
@@ -138,10 +140,11 @@ def _ask_who_is_here(state, seq: int) -> dict[int, int]:
     status = MPI.Status()
     deadline, backoff = time.perf_counter() + GRACE_SECONDS, Backoff()
     while len(present) < len(others) and time.perf_counter() < deadline:
-        if state.control.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        probed = state.control.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+        if probed is not None:
             backoff.moved()
             source, tag = status.Get_source(), status.Get_tag()
-            their_seq = state.control.recv(source=source, tag=tag)
+            their_seq = probed.recv()
             if tag == CALL:  # a rank's signature (mismatch.py): it is in that call
                 keep_report(state, source, their_seq)
                 their_seq = their_seq[0]

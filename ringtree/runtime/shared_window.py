@@ -103,18 +103,19 @@ class SharedWindow:
         slots = self.parts[owner][at:at + SLOTS * self.slot].reshape(SLOTS, self.slot)
         return [(slot[:32].view(np.int64), slot[HEAD:]) for slot in slots]
 
-    def free(self, keep: bool = False) -> None:
+    def free(self, keep: bool = False, progress=None) -> None:
         """Free the window, with the node's other ranks, each of which calls this at the same point: when
         the communicator's state is freed (CommState.free, which keeps a broken state's: `keep`), and for
         the windows left, at exit. MPI's Win_free waits for every rank, so whether to free it is the
         node's answer, never one rank's: the ranks' words combined (MAX), kept if any keeps it; a kept
-        window is freed at exit."""
+        window is freed at exit. `progress()` moves the collectives in flight meanwhile (a node peer may
+        wait for one of this rank's before it comes here)."""
         if self not in LIVE or job_ends():
             return  # freed; or a peer died, and the job ends at exit (failures.py): it would not answer
         if self.window is not None:
             word, answer = np.array([int(keep)], np.int64), np.zeros(1, np.int64)
             request = self.node.Iallreduce(word, answer, MPI.MAX)
-            watched(partial(wait_until, request.Test), f"the node's shared window of {self.name}, which every "
+            watched(partial(wait_until, request.Test, progress), f"the node's shared window of {self.name}, which every "
                     "rank of the node frees with its communicator (waiting for the others)")
             if answer[0]:
                 return  # kept by some rank: freed at exit, where every rank frees what is left

@@ -116,7 +116,7 @@ class CommState:
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
         self.reports: dict = {}  # {call number: {rank: its report (mismatch.tell)}}: others' signatures
         self.given_up = None  # (call number, rank, why) of the earliest call another rank gave up (reliability.py)
-        self.timeout = None  # seconds every wait on it keeps, whatever its call's (a torch group's: watch.py)
+        self.timeout = None  # seconds every wait on it keeps where its call has none (a torch group's: watch.py)
         self.refusals = 0  # calls every rank refused (mismatch.refused): they tell one refusal from the next
         self.tuner = None if current.tune == "off" else _tuner(self.comm, self.topology, current)
         self.signatures = current.signatures
@@ -128,7 +128,7 @@ class CommState:
         # messages to its receives.
         keep = broken is not None or self.announced
         if self.shared_window is not None:  # with the node's other ranks, whatever this one keeps
-            self.shared_window.free(keep)
+            self.shared_window.free(keep, progress_others)
         if keep:
             NEVER_FREED.append(self)
             return
@@ -249,8 +249,11 @@ def _wait(*requests, timeout, rank, name) -> None:
 
 
 def existing_state(comm: MPI.Comm) -> CommState | None:
-    """`comm`'s state if ringtree has set it up, without setting it up."""
-    return None if _keyval is None or not isinstance(comm, MPI.Comm) else comm.Get_attr(_keyval)
+    """`comm`'s state if ringtree has set it up, without setting it up (none for a null communicator, which
+    a call's checks then refuse by name)."""
+    if _keyval is None or not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        return None
+    return comm.Get_attr(_keyval)
 
 
 def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:

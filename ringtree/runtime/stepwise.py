@@ -87,10 +87,11 @@ def run_stepwise(steps: tuple[tuple, ...], reduce, copy, state, signature: Signa
     it; every wait polls, looking for signs of a mismatch while idle, as a rank blocked inside MPI
     could wait for ever on ranks that make another call. Either, or a message of another size than
     its receive, raises MismatchError on every rank. With RINGTREE_SIGNATURES=0, each step waits
-    inside MPI, and a message of another size raises MismatchError on this rank only."""
+    inside MPI, and a message of another size raises MismatchError on this rank only; but where the
+    communicator has a timeout of its own (CommState.timeout), which only a polled wait keeps."""
     comm = state.comm
     tag = state.next_tag(signature.code)
-    if not state.signatures:
+    if not state.signatures and state.timeout is None:
         _run_blocking(steps, reduce, copy, comm, tag, signature.collective)
         return
     status = steps[0]

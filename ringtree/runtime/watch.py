@@ -14,18 +14,31 @@ from .failures import peer_gone
 from .mismatch import ANNOUNCE_SECONDS, GAVE_UP, REFUSED, Signature, everywhere, seen, tell
 from .reliability import given_up, take_in, timed_out
 
-__all__ = ["Watch"]
+__all__ = ["Watch", "differs", "reported"]
+
+
+def differs(theirs: tuple, signature: Signature, threads: bool, compare: bool = True) -> bool:
+    """Whether a rank's report of a call (mismatch.tell) shows that it raised, or makes the call otherwise than
+    this rank: with another signature (where `compare`), or with no element where this rank has some
+    (runtime/empty.py)."""
+    empty = not theirs[2] and theirs[1].count == 0 and signature.count != 0
+    return theirs[2] or empty or compare and (theirs[1] != signature or theirs[4] != threads)
+
+
+def reported(source: int, theirs: tuple, seq: int) -> str:
+    """Why a report that `differs` shows a mismatch, for the error."""
+    return f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else "another signature for this call")
 
 
 class Watch:
     """A wait in one call, looking for signs of a mismatch while idle: `look()` between polls."""
 
-    __slots__ = ("state", "seq", "signature", "started", "announced", "give_up", "compare", "shared", "timeout",
+    __slots__ = ("state", "seq", "signature", "started", "announced", "abandon", "compare", "shared", "timeout",
                  "waits_for")
 
-    def __init__(self, state, seq: int, signature: Signature, give_up=None, announce: bool = False,
+    def __init__(self, state, seq: int, signature: Signature, abandon=None, announce: bool = False,
                  compare: bool = True, shared=None, timeout: float | None = None, waits_for: str = "") -> None:
-        """`give_up(error)`, if given, undoes what the call left in flight (engine.Execution.give_up).
+        """`abandon(error)`, if given, undoes what the call left in flight (engine.Execution.abandon).
         `announce`: a wait in MPI's own allreduce, whose messages show nothing of its call, tells the
         others which call it is in once idle ANNOUNCE_SECONDS. `compare=False`: a wait in the
         comparison of the call's arguments (agreement.agree), which compares them itself, looks
@@ -36,7 +49,7 @@ class Watch:
         rings are looked in as well, and the processes it waits for. `timeout`: seconds after which
         the wait, idle since the Watch was made, raises TimeoutError (`waits_for` says in what); the
         communicator's own (CommState.timeout) where the call has none."""
-        self.state, self.seq, self.signature, self.give_up = state, seq, signature, give_up
+        self.state, self.seq, self.signature, self.abandon = state, seq, signature, abandon
         self.shared = shared
         self.started = time.perf_counter()
         self.announced = not announce
@@ -78,10 +91,8 @@ class Watch:
         for source, theirs in list(state.reports.get(seq, {}).items()):
             if theirs[3].startswith(REFUSED):  # a refusal of this call, told before it began here too
                 self.fail(f"rank {source} refused call #{seq}")
-            empty = not theirs[2] and theirs[1].count == 0 and self.signature.count != 0  # runtime/empty.py
-            if theirs[2] or empty or self.compare and (theirs[1] != self.signature or theirs[4] != threads):
-                self.fail(f"rank {source} reports " + (f"a mismatch in call #{seq}" if theirs[2] else
-                                                        "another signature for this call"))
+            if differs(theirs, self.signature, threads, self.compare):
+                self.fail(reported(source, theirs, seq))
 
     def _messages(self) -> None:
         """The messages waiting on the private communicator (and in shared-memory rings): a notice of a
@@ -125,6 +136,6 @@ class Watch:
         self._raise(everywhere(self.state, self.seq, self.signature, why))
 
     def _raise(self, error: Exception):
-        if self.give_up is not None:
-            self.give_up(error)
+        if self.abandon is not None:
+            self.abandon(error)
         raise error
