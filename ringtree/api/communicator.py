@@ -159,8 +159,11 @@ class Communicator(MPI.Intracomm):
             if form == "persistent":  # MPI's own persistent request, on the caller's communicator
                 return getattr(MPI.Intracomm, method + "_init")(self, *arguments)
             started = getattr(MPI.Intracomm, "I" + method[0].lower() + method[1:])
-            request = Request(passed_through(self, method, algorithm, self.timeout, call.why, arguments,
-                                             lambda own: started(own, *arguments)), None)
+            through = passed_through(self, method, algorithm, self.timeout, call.why, arguments,
+                                     lambda own: started(own, *arguments), form == "blocking")
+            if form == "blocking":
+                return None
+            request = Request(through, None)
         else:
             run = _FORMS[call.name][form]
             request = run(*call.arguments, comm=self, algorithm=algorithm, check=self.check, timeout=self.timeout)

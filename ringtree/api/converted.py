@@ -5,6 +5,8 @@ its arguments and settings checked, counted, with its signature (runtime/passed_
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from mpi4py import MPI
 
@@ -17,6 +19,7 @@ from ..runtime.mismatch import signature
 from ..runtime.one_caller import in_call
 from ..runtime.passed_through import PassedThrough
 from ..runtime.refusal import refusing
+from ..runtime.small import confirm_end
 from .buffers import converted, datatype_name, numpy_dtype, passes_through
 from .checks import check_comm, check_options
 from .collective_args import checked
@@ -49,11 +52,8 @@ def converted_call(run, start, sendbuf, recvbuf, op, comm, algorithm="auto", tim
     if why is not None:
         send = MPI.IN_PLACE if sendbuf is None else sendbuf
         through = passed_through(comm, "Allreduce", algorithm, timeout, why, (send, recvbuf, op),
-                                 lambda own: MPI.Intracomm.Iallreduce(own, send, recvbuf, mpi_op))
-        if blocking:
-            through.wait()
-            return result
-        return Request(through, result)
+                                 lambda own: MPI.Intracomm.Iallreduce(own, send, recvbuf, mpi_op), blocking)
+        return result if blocking else Request(through, result)
     with call.context:
         if blocking:
             result = run(call.send, call.recv, op, comm)
@@ -64,12 +64,22 @@ def converted_call(run, start, sendbuf, recvbuf, op, comm, algorithm="auto", tim
     return request
 
 
-def passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start) -> PassedThrough:
+def passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start,
+                   blocking: bool = False) -> PassedThrough | None:
     """MPI's own collective of mpi4py's `method` with `arguments`, which ringtree does not compute
     (`why`), started by `start(comm)` on the communicator of its signature, once the call's
     communicator, options and settings are checked; under the thread rules, as every call (a refusal,
-    also of what MPI finds wrong in the arguments at the start, told to the other ranks)."""
-    return in_call(comm, _passed_through, comm, method, algorithm, timeout, why, arguments, start)
+    also of what MPI finds wrong in the arguments at the start, told to the other ranks). `blocking`:
+    waited for too, its end confirmed as a blocking call's (None returned)."""
+    if not blocking:
+        return in_call(comm, _passed_through, comm, method, algorithm, timeout, why, arguments, start)
+    confirm = confirm_end if timeout is None else partial(confirm_end, timeout=timeout)
+    return in_call(comm, _passed_through_and_waited, comm, method, algorithm, timeout, why, arguments, start,
+                   confirm=confirm)
+
+
+def _passed_through_and_waited(*arguments) -> None:
+    _passed_through(*arguments).wait()
 
 
 def _passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start) -> PassedThrough:

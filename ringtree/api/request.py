@@ -226,21 +226,26 @@ class MPIOwn:
             if self.request.Test():
                 return True
             if deadline is not None and time.perf_counter() > deadline:
-                raise self._timed_out()
+                return self._let_go()
             return False
         watched(partial(wait_until, done, progress_others), f"{self.what} on rank {self.comm.Get_rank()}")
         self.done = True
 
-    def _timed_out(self) -> TimeoutError:
+    def _let_go(self) -> bool:
+        """Past the timeout: a receive cancelled (True if it had matched all the same: it is done), a
+        send let go; else TimeoutError."""
         try:
             if self.receive:
                 self.request.Cancel()
-                self.request.Wait()
+                status = MPI.Status()
+                self.request.Wait(status)
+                if not status.Is_cancelled():
+                    return True
             else:
                 if self.abandoned is not None:
                     self.abandoned.append((self.request, self.buffers))
                 self.request.Free()
         except MPI.Exception:
             pass
-        return TimeoutError(f"ringtree on rank {self.comm.Get_rank()}: {self.what} made no progress for "
+        raise TimeoutError(f"ringtree on rank {self.comm.Get_rank()}: {self.what} made no progress for "
                             f"{self.timeout:g} s")

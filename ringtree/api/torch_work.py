@@ -33,7 +33,7 @@ class Work(dist._Work):
 
     def __init__(self, requests: list, result, then=None, settled=None) -> None:
         """`requests`: what to wait for (None: a part done already); `settled()`, once they are done, raises
-        where the call cannot end well after all (ProcessGroup._given_up); then `then()`."""
+        where the call cannot end well after all (a rank gave it up: reliability.check_given_up); then `then()`."""
         super().__init__()
         self._requests = [request for request in requests if request is not None]
         self._result, self._then, self._settled = result, then, settled

@@ -201,7 +201,7 @@ class InFlight:
                     if timeout is not None:
                         last_progress = time.perf_counter()
                     if watch is not None:  # its idle time starts again (a communicator's timeout counts from here)
-                        watch.started = time.perf_counter()
+                        watch.started, watch.waits_for = time.perf_counter(), None
                     continue
                 if timeout is not None:
                     now = time.perf_counter()
@@ -213,14 +213,18 @@ class InFlight:
                             raise self.abandon(execution, reliability.execution_timed_out(
                                 execution, self.ops_of(execution), timeout))
                 if backoff.empty():
+                    if watch is None or watch.waits_for is None:  # whom it waits for, since its last progress
+                        peers = execution.peers_waited_for()
+                        waits_for = f"it waits for {ranks_text(peers)}" if peers else ""
                     if watch is None:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
-                        peers = execution.peers_waited_for()
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.abandon,
                                       announce=execution.signature.collective != "allreduce",
                                       shared=execution if type(execution.transport) is ShmTransport else None,
-                                      waits_for=f"it waits for {ranks_text(peers)}" if peers else "")
+                                      waits_for=waits_for)
+                    elif watch.waits_for is None:
+                        watch.waits_for = waits_for
                     watch.look()
         finally:
             waiting[0] = None

@@ -186,11 +186,9 @@ def _take_reports(state, status: MPI.Status) -> bool:
 
 
 def tell(state, seq: int, signature: Signature, raised: bool, reason: str = "") -> None:
-    state.answers = [request for request in state.answers if not request.Test()]
     for rank in range(state.size):
         if rank != state.rank:
-            state.answers.append(state.control.isend((seq, signature, raised, reason, bool(state.threads_bit)), rank,
-                                                     CALL))
+            state.send_control((seq, signature, raised, reason, bool(state.threads_bit)), rank, CALL)
 
 
 def refused(state, seq: int, why: str) -> bool:

@@ -21,8 +21,9 @@ from .watch import Watch
 
 __all__ = ["PassedThrough"]
 
-# Kept per communicator, one per signature (count among it: calls that differ only in their count must
-# not meet inside MPI, which would not tell them apart); the least recently used freed to make room.
+# Kept per communicator, one per signature (an allreduce's count among it: calls that differ only in
+# their count must not meet inside MPI, which would not tell them apart; another collective's counts
+# MPI checks itself); the least recently used freed to make room.
 COMMUNICATORS = 16
 
 

@@ -36,12 +36,10 @@ ANSWER_EVERY_SECONDS = 0.005
 
 def answer_questions(state, seq: int) -> None:
     """Tell every rank that asked that this rank is in collective #seq (from a wait loop)."""
-    state.answers = [request for request in state.answers if not request.Test()]
     status = MPI.Status()
-    while state.control.Iprobe(MPI.ANY_SOURCE, PING, status):
-        source = status.Get_source()
-        state.control.recv(source=source, tag=PING)
-        state.answers.append(state.control.isend(seq, source, PRESENT))
+    while (probed := state.control.improbe(MPI.ANY_SOURCE, PING, status)) is not None:
+        probed.recv()
+        state.send_control(seq, status.Get_source(), PRESENT)
 
 
 def take_in(state, seq: int) -> list[tuple]:
@@ -50,7 +48,6 @@ def take_in(state, seq: int) -> list[tuple]:
     to a question of this rank's dropped. Until two probes in a row find nothing: MPICH takes in one
     message that has come since its last progress per probe, and finds it on the next. Matched probes:
     another thread (the progress thread's end of a call) may take in at once, and each message is one's."""
-    state.answers = [request for request in state.answers if not request.Test()]
     control, status = state.control, MPI.Status()
     reports, misses = [], 0
     while misses < 2:
@@ -62,7 +59,7 @@ def take_in(state, seq: int) -> list[tuple]:
         source, tag = status.Get_source(), status.Get_tag()
         message = probed.recv()
         if tag == PING:
-            state.answers.append(control.isend(seq, source, PRESENT))
+            state.send_control(seq, source, PRESENT)
         elif tag == CALL:
             reports.append((source, keep_report(state, source, message)))
     return reports
@@ -150,7 +147,7 @@ def _ask_who_is_here(state, seq: int) -> dict[int, int]:
                 their_seq = their_seq[0]
             present[source] = their_seq
             if tag == PING:
-                state.answers.append(state.control.isend(seq, source, PRESENT))
+                state.send_control(seq, source, PRESENT)
         else:
             backoff.empty()
     for request in asks:

@@ -112,7 +112,8 @@ class CommState:
         self.unconfirmed = True
         self.confirming: dict = {}  # thread -> the byte its confirmations allreduce and their bound run (small.py)
         self.exchanging: dict = {}  # thread -> the arrays its alltoalls' counts are summed in and their bound run (counts.py)
-        self.answers, self.raised = [], set()  # replies and reports in flight; ranks that raised MismatchError
+        self.answers, self.raised = [], set()  # replies and reports in flight (send_control); ranks that raised MismatchError
+        self._answers_lock = threading.Lock()  # two threads may send at once (a call's start, the progress thread's end)
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
         self.reports: dict = {}  # {call number: {rank: its report (mismatch.tell)}}: others' signatures
         self.given_up = None  # (call number, rank, why) of the earliest call another rank gave up (reliability.py)
@@ -120,6 +121,13 @@ class CommState:
         self.refusals = 0  # calls every rank refused (mismatch.refused): they tell one refusal from the next
         self.tuner = None if current.tune == "off" else _tuner(self.comm, self.topology, current)
         self.signatures = current.signatures
+
+    def send_control(self, message, rank: int, tag: int) -> None:
+        """Send a message on the control communicator; its request kept until it is sent."""
+        request = self.control.isend(message, rank, tag)
+        with self._answers_lock:
+            self.answers = [sent for sent in self.answers if not sent.Test()]
+            self.answers.append(request)
 
     def free(self) -> None:
         broken, self.broken = self.broken, ValueError("the communicator was freed")  # the repeat paths check it

@@ -47,7 +47,8 @@ class Watch:
         past the comparison, may be one made for an earlier call.
         `shared`: the call's engine.Execution where its messages go by shared memory (shm.py): its
         rings are looked in as well, and the processes it waits for. `timeout`: seconds after which
-        the wait, idle since the Watch was made, raises TimeoutError (`waits_for` says in what); the
+        the wait, idle since `started` (the Watch made, or the call's last progress), raises
+        TimeoutError (`waits_for` says in what; None where the engine is to find it again); the
         communicator's own (CommState.timeout) where the call has none."""
         self.state, self.seq, self.signature, self.abandon = state, seq, signature, abandon
         self.shared = shared
