@@ -112,8 +112,7 @@ class CommState:
         self.unconfirmed = True
         self.confirming: dict = {}  # thread -> the byte its confirmations allreduce and their bound run (small.py)
         self.exchanging: dict = {}  # thread -> the arrays its alltoalls' counts are summed in and their bound run (counts.py)
-        self.answers, self.raised = [], set()  # replies and reports in flight (send_control); ranks that raised MismatchError
-        self._answers_lock = threading.Lock()  # two threads may send at once (a call's start, the progress thread's end)
+        self.answers, self._answers_lock, self.raised = [], threading.Lock(), set()  # send_control's; who raised MismatchError
         self.abandoned: list = []  # MPI collectives a mismatch left in flight, with the arrays they may write
         self.reports: dict = {}  # {call number: {rank: its report (mismatch.tell)}}: others' signatures
         self.given_up = None  # (call number, rank, why) of the earliest call another rank gave up (reliability.py)
