@@ -74,8 +74,8 @@ _OPS = {op.value: ops for op, ops in {
 _PREMUL_SUM = _RedOp.PREMUL_SUM.value
 _SUM = dist.ReduceOp(dist.ReduceOp.SUM)  # where a call has no options
 _NOTHING = np.empty(0, np.uint8)  # what a barrier allreduces
-_MPI_ONLY = {"Igatherv": "a gather", "Iscatterv": "a scatter",  # why MPI's own computes each (its log line)
-             "Ialltoallv": "an alltoall of a list of tensors, or of CUDA tensors as bytes"}
+_WHY_MPI_COMPUTES = {"Igatherv": "a gather", "Iscatterv": "a scatter",  # why MPI's own computes each (its log line)
+                     "Ialltoallv": "an alltoall of a list of tensors, or of CUDA tensors as bytes"}
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -366,7 +366,7 @@ class ProcessGroup(dist.ProcessGroup):
         else:
             start = getattr(MPI.Intracomm, method)
             request = Request(passed_through(self.comm, method[1].upper() + method[2:], "auto", None,
-                                             _MPI_ONLY[method], arguments,
+                                             _WHY_MPI_COMPUTES[method], arguments,
                                              lambda own: start(own, *arguments)), None)
         if _waited_at_once(opts):
             request.wait()

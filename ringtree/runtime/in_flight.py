@@ -15,7 +15,6 @@ from . import reliability
 from .backoff import Backoff
 from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
 from .ipc import MessageError, WrongSize, mismatch
-from .mismatch import ranks_text
 from .remote_sends import RemoteSends
 from .shm import ShmTransport, tick
 from .stalls import slot
@@ -171,10 +170,10 @@ class InFlight:
         return error
 
     def wait(self, execution) -> None:
-        """Progress every collective in flight until `execution` is done. With its timeout, raise
-        TimeoutError once no message completes for that long, and meanwhile answer other ranks'
-        questions about who is still here."""
-        timeout = execution.timeout
+        """Progress every collective in flight until `execution` is done. With its timeout, or its
+        communicator's (CommState.timeout), raise TimeoutError once no message completes for that long,
+        and meanwhile answer other ranks' questions about who is still here."""
+        timeout = execution.timeout if execution.timeout is not None else execution.state.timeout
         backoff = Backoff()
         watch = None  # made once idle: it looks for signs of a mismatch (mismatch.py)
         last_progress = next_answer = time.perf_counter()
@@ -200,8 +199,8 @@ class InFlight:
                     waiting[1] += 1
                     if timeout is not None:
                         last_progress = time.perf_counter()
-                    if watch is not None:  # its idle time starts again (a communicator's timeout counts from here)
-                        watch.started, watch.waits_for = time.perf_counter(), None
+                    if watch is not None:  # its idle time starts again (it keeps the communicator's timeout too)
+                        watch.started = time.perf_counter()
                     continue
                 if timeout is not None:
                     now = time.perf_counter()
@@ -213,18 +212,12 @@ class InFlight:
                             raise self.abandon(execution, reliability.execution_timed_out(
                                 execution, self.ops_of(execution), timeout))
                 if backoff.empty():
-                    if watch is None or watch.waits_for is None:  # whom it waits for, since its last progress
-                        peers = execution.peers_waited_for()
-                        waits_for = f"it waits for {ranks_text(peers)}" if peers else ""
                     if watch is None:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.abandon,
                                       announce=execution.signature.collective != "allreduce",
-                                      shared=execution if type(execution.transport) is ShmTransport else None,
-                                      waits_for=waits_for)
-                    elif watch.waits_for is None:
-                        watch.waits_for = waits_for
+                                      shared=execution if type(execution.transport) is ShmTransport else None)
                     watch.look()
         finally:
             waiting[0] = None

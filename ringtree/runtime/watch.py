@@ -48,7 +48,7 @@ class Watch:
         `shared`: the call's engine.Execution where its messages go by shared memory (shm.py): its
         rings are looked in as well, and the processes it waits for. `timeout`: seconds after which
         the wait, idle since `started` (the Watch made, or the call's last progress), raises
-        TimeoutError (`waits_for` says in what; None where the engine is to find it again); the
+        TimeoutError (`waits_for` says in what); the
         communicator's own (CommState.timeout) where the call has none."""
         self.state, self.seq, self.signature, self.abandon = state, seq, signature, abandon
         self.shared = shared
