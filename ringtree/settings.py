@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -44,7 +45,6 @@ class Settings:
     signatures: bool = True  # calls' signatures in their messages' tags, compared (runtime/mismatch.py)
     topology: str = "nodes"  # nodes: learn which ranks share a node; flat: treat all ranks as one node
     transport: str = "auto"  # how device memory moves: auto, ipc, direct or staged (runtime/transports.py)
-    shm: bool = False  # host memory between ranks of a node through ringtree's shared memory (runtime/shm.py)
 
 
 class Variable(NamedTuple):
@@ -167,17 +167,22 @@ VARIABLES = (
     Variable("RINGTREE_SIGNATURES", "signatures", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_TOPOLOGY", "topology", "nodes or flat", _topology),
     Variable("RINGTREE_TRANSPORT", "transport", "auto, ipc, direct or staged", _transport),
-    Variable("RINGTREE_SHM", "shm", "1, true, yes, on or 0, false, no, off", _flag),
     Variable("RINGTREE_STALL_WARNING", "stall_warning", "a positive number of seconds, or 0 or off", _stall_warning),
 )
 
 
 _SAYS_WHY = (_timeline, _directory)  # parsers whose ValueError says what is wrong
+# Variables no longer read, and why: a program that sets one is told, not silently ignored.
+RETIRED = {"RINGTREE_SHM": "ringtree's own shared-memory transport was retired, as MPI's own path between "
+                           "the ranks of a node was faster at every size (docs/performance.md)"}
 
 
 def read(environ=None) -> Settings:
     """The settings that `environ` (default: os.environ) gives; SettingError for a bad value."""
     environ = os.environ if environ is None else environ
+    for name, why in RETIRED.items():
+        if environ.get(name, "").strip():
+            warnings.warn(f"ringtree: {name} is no longer read: {why}", stacklevel=2)
     values = {}
     for variable in VARIABLES:
         text = environ.get(variable.name, "").strip()

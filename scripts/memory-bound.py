@@ -1,8 +1,7 @@
 """The allreduce of the ranks of one node against the machine's one-copy memory bound, in one run.
 
 Run under mpiexec, all ranks on one node. For every size, in turns whose order is shuffled per
-repetition, every rank times: MPI's own Allreduce; ringtree's `auto`; ringtree's ring allreduce
-through its shared-memory transport (RINGTREE_SHM=on, on a communicator of its own); and the one-copy
+repetition, every rank times: MPI's own Allreduce; ringtree's `auto`; ringtree's ring allreduce; and the one-copy
 bound: what a ring allreduce cannot go below where each reduce-scatter step is one add of its chunk
 (numpy's, out of place) and each allgather step one copy, measured with every rank doing the same at
 once. A turn is a barrier and then calls for about --batch seconds; its time per call is the slowest
@@ -13,7 +12,6 @@ bound / time (the share of the bound reached) and MPI / time (the speed-up over 
 """
 
 import argparse
-import os
 import random
 import time
 
@@ -36,16 +34,8 @@ def arguments():
 def main():
     args = arguments()
     import ringtree
-    from ringtree import settings
 
     comm = MPI.COMM_WORLD
-    os.environ.pop("RINGTREE_SHM", None)
-    settings.reload()
-    ringtree.allreduce(np.zeros(1), comm=comm)  # sets `comm` up without the transport, `shared` with it
-    os.environ["RINGTREE_SHM"] = "on"
-    settings.reload()
-    shared = comm.Dup()
-    ringtree.allreduce(np.zeros(1), comm=shared)
     n = comm.size
     sizes = []
     size = max(4 * n, args.minbytes)
@@ -54,10 +44,10 @@ def main():
         size *= args.stepfactor
     if comm.rank == 0:
         print(f"{n} ranks, float32 sum, median of {args.repeats} repetitions (µs per call)\n")
-        print("| size | MPI | auto | ring | ring, shm | bound | auto/bound | shm/bound | MPI/auto | MPI/shm |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| size | MPI | auto | ring | bound | auto/bound | ring/bound | MPI/auto | MPI/ring |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for nbytes in sizes:
-        cases = cases_of(ringtree, comm, shared, nbytes // 4)
+        cases = cases_of(ringtree, comm, nbytes // 4)
         for case in cases.values():  # warm up, online tuning's trials included
             for _ in range(100):
                 case()
@@ -70,14 +60,12 @@ def main():
                 times[name].append(timed(comm, cases[name], calls))
         if comm.rank == 0:
             us = {name: 1e6 * float(np.median(t)) for name, t in times.items()}
-            print(f"| {format_size(nbytes)} | {us['MPI']:.1f} | {us['auto']:.1f} | {us['ring']:.1f} | {us['shm']:.1f} | "
-                  f"{us['bound']:.1f} | "
-                  f"{us['bound'] / us['auto']:.0%} | {us['bound'] / us['shm']:.0%} | {us['MPI'] / us['auto']:.2f} | "
-                  f"{us['MPI'] / us['shm']:.2f} |", flush=True)
-    shared.Free()
+            print(f"| {format_size(nbytes)} | {us['MPI']:.1f} | {us['auto']:.1f} | {us['ring']:.1f} | {us['bound']:.1f} | "
+                  f"{us['bound'] / us['auto']:.0%} | {us['bound'] / us['ring']:.0%} | {us['MPI'] / us['auto']:.2f} | "
+                  f"{us['MPI'] / us['ring']:.2f} |", flush=True)
 
 
-def cases_of(ringtree, comm, shared, count: int) -> dict:
+def cases_of(ringtree, comm, count: int) -> dict:
     """What each case calls once, on float32 arrays of `count` elements."""
     x = np.random.default_rng(comm.rank).random(count, np.float32)
     out = np.empty_like(x)
@@ -87,7 +75,6 @@ def cases_of(ringtree, comm, shared, count: int) -> dict:
         "MPI": lambda: comm.Allreduce(x, out),
         "auto": lambda: ringtree.allreduce(x, out, comm=comm),
         "ring": lambda: ringtree.allreduce(x, out, comm=comm, algorithm="ring"),
-        "shm": lambda: ringtree.allreduce(x, out, comm=shared, algorithm="ring"),
         "bound": lambda: ([np.add(a, b, out=c) for _ in steps], [np.copyto(a, c) for _ in steps]),
     }
 

@@ -62,6 +62,11 @@ def test_a_bad_value_is_refused_naming_the_variable_and_what_it_takes(name, text
     assert str(caught.value) == f"{name}={text!r} is not a value ringtree takes; it takes {variable.values}"
 
 
+def test_a_retired_variable_is_warned_of_by_name_not_silently_ignored():
+    with pytest.warns(UserWarning, match="RINGTREE_SHM is no longer read: ringtree's own shared-memory transport"):
+        assert settings.read({"RINGTREE_SHM": "on"}) == settings.read({})
+
+
 def test_every_algorithm_is_a_value_of_ringtree_algorithm():
     assert all(settings.read({"RINGTREE_ALGORITHM": name}).algorithm == name for name in ALGORITHMS)
 

@@ -317,6 +317,58 @@ def test_threads_that_make_their_first_calls_at_once_on_communicators_of_their_o
         _every_rank_says(nranks, FIRST_CALLS_AT_ONCE, "0 wrong, 0 errors")
 
 
+FIRST_CALLS_AGAIN_AND_AGAIN = """
+    import faulthandler, sys, threading
+    import numpy as np
+    from mpi4py import MPI
+    sys.setswitchinterval(1e-6)
+    faulthandler.dump_traceback_later(100, exit=True)  # a hang shows every thread's stack, then ends
+    import ringtree
+    comm, rounds = MPI.COMM_WORLD, int(sys.argv[1])
+    errors, wrong = [], []
+
+    def work(k, mine):
+        try:
+            for call, local in enumerate(mine):  # the first call on each: its set-up, then its confirmation
+                kind = (k + call) % 4
+                if kind == 0:
+                    got, expected = ringtree.allreduce(np.ones(1), comm=local), [comm.size]
+                elif kind == 1:
+                    got, expected = ringtree.broadcast(np.full(2, comm.rank), 0, comm=local, timeout=60), [0, 0]
+                elif kind == 2:
+                    got, expected = ringtree.allreduce(np.ones(1 << 16), comm=local)[:1], [comm.size]
+                else:
+                    got, expected = ringtree.iallreduce(np.ones(3), comm=local).wait(), [comm.size] * 3
+                if got.tolist() != expected:
+                    wrong.append(f"thread {k} call {call}: {got} != {expected}")
+        except Exception as error:
+            errors.append(f"thread {k}: {type(error).__name__}: {error}")
+
+    for _ in range(rounds):
+        comms = [[comm.Dup() for _ in range(2)] for _ in range(4)]  # in one order on every rank
+        threads = [threading.Thread(target=work, args=(k, comms[k])) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for local in sum(comms, []):
+            local.Free()
+    faulthandler.cancel_dump_traceback_later()
+    print(f"rank {comm.rank}: {len(wrong)} wrong, {len(errors)} errors in {rounds} rounds {(wrong + errors)[:1]}",
+          flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
+@pytest.mark.parametrize("nranks, rounds", [(2, 40), (3, 25), (4, 15)])
+def test_threads_that_set_up_communicators_of_their_own_round_after_round_never_hang(nranks, rounds):
+    # Each round, four threads each make the first calls on two new communicators: every set-up's
+    # collectives (the private duplicates, the node split, the first call's confirmation) while the
+    # other threads' are in flight. A set-up step taken in another order on one rank would hang.
+    _every_rank_says(nranks, FIRST_CALLS_AGAIN_AND_AGAIN, f"0 wrong, 0 errors in {rounds} rounds", str(rounds))
+
+
 def _every_rank_says(nranks, script, words, *arguments) -> None:
     """Run `script` with `arguments` on `nranks` ranks; every rank's line of output reads "rank R: `words`"."""
     run = run_mpiexec(nranks, "-c", textwrap.dedent(script), *arguments, timeout=120)

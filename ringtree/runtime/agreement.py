@@ -86,7 +86,7 @@ def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout:
 def _compared(state, mine: np.ndarray, low: np.ndarray, seq: int, signature: Signature) -> None:
     """MPI's own MIN allreduce of the records, polled, with a look for signs of a mismatch now and then."""
     request = state.comm.Iallreduce(mine, low, MPI.MIN)
-    wait_until(request.Test, watch=(_comparison_watch, state, seq, signature, request, mine, low))
+    wait_until(request.Test, watch=partial(_comparison_watch, state, seq, signature, request, mine, low))
 
 
 def _comparison_watch(state, seq: int, signature: Signature, request, mine, low) -> Watch:

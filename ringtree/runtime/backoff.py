@@ -67,24 +67,24 @@ def settled(done, progress=None) -> bool:
     return True
 
 
-def wait_until(done, progress=None, quiet: float = 0.0, watch: tuple = ()) -> None:
+def wait_until(done, progress=None, quiet: float = 0.0, watch=None) -> None:
     """The one loop of every wait outside the engine's: poll until `done()` is true, backing off while
     nothing moves (`quiet` as for Backoff). `progress()`, if given, moves the collectives in flight
-    between polls and says whether any moved (in_flight.progress_others). `watch`, if given, is
-    (mismatch.Watch, its arguments...): the Watch made once idle, whose look() the wait calls when
-    the back-off says (a tuple, not a closure: a small call's wait makes nothing it does not use)."""
+    between polls and says whether any moved (in_flight.progress_others). `watch`, if given, makes
+    the Watch (watch.py) once idle, whose look() the wait calls when the back-off says (a partial of
+    Watch: a small call's wait that ends before idling makes no Watch)."""
     if not settled(done, progress):
         backed_off(done, progress, quiet, watch)
 
 
-def backed_off(done, progress=None, quiet: float = 0.0, watch: tuple = ()) -> None:
+def backed_off(done, progress=None, quiet: float = 0.0, watch=None) -> None:
     """wait_until's wait after settled() said no: from the first back-off on."""
     backoff, looking = Backoff(quiet), None
     backoff.idle = SPINS_BEFORE_YIELD
     while not done():
         if progress is not None and progress():
             backoff.moved()
-        elif backoff.empty() and watch:
+        elif backoff.empty() and watch is not None:
             if looking is None:
-                looking = watch[0](*watch[1:])
+                looking = watch()
             looking.look()

@@ -44,8 +44,8 @@ class EmptyCall:
     def wait(self) -> None:
         if self.done:
             return
-        watch = (Watch, self.state, self.seq, self.signature, None, False, True, None, self.timeout,
-                 "it waits for the other ranks' signatures")
+        watch = partial(Watch, self.state, self.seq, self.signature, timeout=self.timeout,
+                        waits_for="it waits for the other ranks' signatures")
         watched(partial(wait_until, self._heard, progress_others, 0.0, watch), self.what)
         self.done = True
 

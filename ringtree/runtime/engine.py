@@ -9,9 +9,8 @@ the schedule rely on MPI's non-overtaking rule. All collectives in flight share
 one list of requests (in_flight.py), so waiting on any of them progresses every one.
 
 Sends to a rank on another node are synchronous, and wait for a turn (remote_sends.py).
-Messages to the peers of the call's transport (IPC between GPU ranks of a node, ipc.py; shared
-memory between host ranks of a node, shm.py) are, like queued reductions, objects whose `done`
-moves them on.
+Messages to the peers of the call's transport (IPC between GPU ranks of a node, ipc.py) are, like
+queued reductions, objects whose `done` moves them on.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ class Execution:
         `signature`: the call's (mismatch.py), in every message's tag.
         `asynchronous`: `reduce` and `copy` may return, instead of None, something whose `done` turns
         true once the work they queued has finished (a CUDA event); the ops that depend on it wait
-        until then. `transport`: the call's IpcTransport or ShmTransport, which carries the messages to
+        until then. `transport`: the call's IpcTransport, which carries the messages to
         and from its peers, or None."""
         self.compiled = compiled
         self.actions = compiled.in_place_actions if inplace else compiled.actions

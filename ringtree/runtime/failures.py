@@ -9,7 +9,7 @@ from mpi4py import MPI
 from ..debug import log
 from ..errors import MismatchError, PeerFailure
 
-__all__ = ["PEER_FAILED", "error_classes", "failing", "job_ends", "peer_gone", "source", "translated", "wrong_size"]
+__all__ = ["PEER_FAILED", "error_classes", "failing", "job_ends", "source", "translated", "wrong_size"]
 
 PEER_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
 NOT_FAILED = (MPI.SUCCESS, MPI.ERR_PENDING)
@@ -82,15 +82,6 @@ def _peer_lost(comm, collective: str, peer: int | None, error_class: int) -> Pee
                        f"({MPI.Get_error_string(error_class)}): that rank has most likely died. This MPI cannot go "
                        "on without it, so ringtree ends the job (MPI_Abort) when this process exits",
                        [] if peer is None else [peer])
-
-
-def peer_gone(comm, collective: str, peer: int) -> PeerFailure:
-    """A rank of this node that the call reaches through shared memory (shm.py), where MPI sees no
-    message to fail, has no process any more: end the job when this process exits, as _peer_lost."""
-    _end_the_job_at_exit(comm)
-    return PeerFailure(f"ringtree {collective} on rank {comm.Get_rank()}: the process of rank {peer}, which this "
-                       "rank reaches through shared memory, has ended. This MPI cannot go on without it, so ringtree "
-                       "ends the job (MPI_Abort) when this process exits", [peer])
 
 
 def _end_the_job_at_exit(comm) -> None:

@@ -16,7 +16,6 @@ from .backoff import Backoff
 from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
 from .ipc import MessageError, WrongSize, mismatch
 from .remote_sends import RemoteSends
-from .shm import ShmTransport, tick
 from .stalls import slot
 from .watch import Watch
 
@@ -117,7 +116,6 @@ class InFlight:
         raise self.abandon(execution, ours) from None
 
     def _poll_queued(self) -> bool:
-        moved = tick()  # shared-memory rings: a piece moved counts as progress, though no message completed
         done, running = [], []
         for entry in self.queued:
             try:
@@ -132,7 +130,7 @@ class InFlight:
             self.queued = running
             for _, execution, op in done:
                 execution.op_done(op)
-        return bool(done) or moved
+        return bool(done)
 
     def abandon(self, execution, error: Exception) -> Exception:
         """Give up on `execution`: cancel its receives (and its sends, when a peer failed: else MPI
@@ -216,8 +214,7 @@ class InFlight:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.abandon,
-                                      announce=execution.signature.collective != "allreduce",
-                                      shared=execution if type(execution.transport) is ShmTransport else None)
+                                      announce=execution.signature.collective != "allreduce")
                     watch.look()
         finally:
             waiting[0] = None

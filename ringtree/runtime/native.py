@@ -340,7 +340,8 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
     them (a peer's part of the collective, arriving late)."""
     try:
         backed_off(request.Test, progress_others, QUIET_SECONDS,
-                   (Watch, state, seq, signature, None, True, True, None, timeout, "it waits in MPI's own collective"))
+                   partial(Watch, state, seq, signature, announce=True, timeout=timeout,
+                           waits_for="it waits in MPI's own collective"))
     except (MismatchError, TimeoutError):
         state.abandoned.append((request, arrays))
         raise

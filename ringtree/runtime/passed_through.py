@@ -63,8 +63,8 @@ class PassedThrough:
             check_given_up(self.state, self.seq, self.signature.collective)
 
     def _waited(self) -> None:
-        watch = (Watch, self.state, self.seq, self.signature, self._left, True, True, None, self.timeout,
-                 f"it waits in MPI's own {self.signature.collective}")
+        watch = partial(Watch, self.state, self.seq, self.signature, self._left, announce=True, timeout=self.timeout,
+                        waits_for=f"it waits in MPI's own {self.signature.collective}")
         backed_off(self.request.Test, progress_others, QUIET_SECONDS, watch)
 
     def _left(self, error: Exception) -> None:

@@ -39,7 +39,7 @@ class Plan(NamedTuple):
     stepwise_scratch: list  # the stepwise path's scratch: it runs when no other call is in flight
     peers: tuple  # the ranks the schedule exchanges with, for a stall warning
     signature: Signature  # the call's, in its messages' tags (runtime/mismatch.py)
-    transport: object  # the IpcTransport or ShmTransport of the peers it reaches (runtime/transports.py), or None
+    transport: object  # the IpcTransport of the peers it reaches (runtime/transports.py), or None
     what: object = None  # the call as a stall warning names it (stalls.Call), made once by build_plan
     native: MPICollective | None = None  # MPI's own collective, where it runs the calls
 

@@ -26,7 +26,6 @@ from .backoff import wait_until
 from .in_flight import progress_others
 from .mismatch import TagLayout
 from .native import free_plan
-from .shared_window import SharedWindow
 from .threads import THREADED, thread_token
 
 _keyval: int | None = None
@@ -34,7 +33,10 @@ _keyval: int | None = None
 # loop on one communicator skips the attribute lookup. In a list, changed in place, so that
 # allreduce's repeat path may hold it.
 LAST: list = [(None, None)]
-_SETTING_UP = threading.Lock()  # one thread creates the keyval
+_SETTING_UP = threading.Lock()  # one thread creates the keyval, or a communicator's lock below
+# Per communicator (by handle), the lock its set-up holds: two threads that both make a first call
+# on it set it up once, and the second waits for the first instead of issuing its collectives too.
+_SET_UP: dict[int, threading.Lock] = {}
 NATIVE_PLANS = 64
 NEVER_FREED: list = []  # states whose communicators messages may still reach (a broken call, an announcement)
 
@@ -59,22 +61,22 @@ class CommState:
             stalls.watch(current.stall_warning)
             mine = (f"{selector.identity()}, RINGTREE_CHECK={int(current.check)}, RINGTREE_TUNE={current.tune}, "
                     f"RINGTREE_SIGNATURES={int(current.signatures)}, RINGTREE_TOPOLOGY={current.topology}, "
-                    f"RINGTREE_TRANSPORT={current.transport}, RINGTREE_SHM={int(current.shm)}")
+                    f"RINGTREE_TRANSPORT={current.transport}")
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the Plan built on its first call
         self.passed_through: dict = {}  # per signature: the communicator of calls MPI's own computes (passed_through.py)
-        self.transports: dict = {}  # device layer (or "shm") -> its transport, or None (runtime/transports.py)
-        self.shared_window = None
+        self.transports: dict = {}  # device layer -> its transport, or None (runtime/transports.py)
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
-        # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's).
-        plain = MPI.Intracomm(comm)
-        self.comm, dup = plain.Idup()
-        self.control, control_dup = plain.Idup()  # for timeouts: who is still here is asked on this one
-        _wait(dup, control_dup, timeout=timeout, rank=self.rank, name=name)
+        # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's). The one
+        # collective on the user's communicator is the first Idup; every later set-up step runs on
+        # communicators no other thread holds yet, so its order is the same on every rank.
+        self.comm, dup = MPI.Intracomm(comm).Idup()
+        _wait(dup, timeout=timeout, rank=self.rank, name=name)
+        self.control, control_dup = self.comm.Idup()  # for timeouts: who is still here is asked on this one
         digest = np.frombuffer(hashlib.sha256(mine.encode()).digest(), np.uint8)
         digests = np.empty((self.size, digest.size), np.uint8)
-        _wait(self.comm.Iallgather(digest, digests), timeout=timeout, rank=self.rank, name=name)
+        _wait(control_dup, self.comm.Iallgather(digest, digests), timeout=timeout, rank=self.rank, name=name)
         self.name = f"ringtree({name})"  # also for the stall watchdog, which calls no MPI
         self.comm.Set_name(self.name)
         if (digests != digest).any():
@@ -96,9 +98,6 @@ class CommState:
         self.remote = tuple(node != here for node in self.hosts.node_of)
         # Per peer: whom its count of sends in flight is kept under, in every communicator alike.
         self.peer_keys = _world_ranks(self.comm)
-        # The node's shared window for host memory (shm.py), made with the communicator: every rank
-        # decides alike here, where a call whose ranks disagreed could hang in MPI's collective.
-        self.shared_window = SharedWindow(self.comm, [not far for far in self.remote]) if current.shm else None
         self.send_copies: dict = {}  # the engine's copies of sends to another node, by size, for reuse
         self.topology = self.hosts if current.topology == "nodes" else Topology.flat(self.size)
         self.layout = TagLayout.of(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # the standard puts TAG_UB on COMM_WORLD only
@@ -134,8 +133,6 @@ class CommState:
         # unreceived: were its communicators freed, MPI could give their context to a new one, and the
         # messages to its receives.
         keep = broken is not None or self.announced
-        if self.shared_window is not None:  # with the node's other ranks, whatever this one keeps
-            self.shared_window.free(keep, progress_others)
         if keep:
             NEVER_FREED.append(self)
             return
@@ -227,6 +224,8 @@ def _tuner(comm: MPI.Comm, topology: Topology, current: settings.Settings) -> Tu
 def _free(comm, keyval, state) -> int:
     if LAST[0][1] is state:
         LAST[0] = (None, None)
+    with _SETTING_UP:
+        _SET_UP.pop(comm.handle, None)
     if not MPI.Is_finalized():
         state.free()
     return MPI.SUCCESS
@@ -271,12 +270,15 @@ def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:
     with _SETTING_UP:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
+        setting_up = _SET_UP.setdefault(comm.handle, threading.Lock())
     state = comm.Get_attr(_keyval)
     if state is None:
-        # Collective, and not under the lock: a thread waiting here for the other ranks must not keep
-        # another thread from setting up its own communicator. (Two threads on one communicator at once
-        # is an error of the program's, as in MPI.)
-        state = CommState(comm, timeout)
-        comm.Set_attr(_keyval, state)
+        # Collective, under this communicator's lock alone: a thread waiting here for the other ranks
+        # must not keep another thread from setting up a communicator of its own.
+        with setting_up:
+            state = comm.Get_attr(_keyval)
+            if state is None:
+                state = CommState(comm, timeout)
+                comm.Set_attr(_keyval, state)
     LAST[0] = (comm, state)
     return state

@@ -166,7 +166,7 @@ def _probed(comm, receive, source: int, tag: int, nbytes: int, status: MPI.Statu
         return found[0] is not None
 
     while True:
-        wait_until(probed, progress_others, 0.0, (Watch, state, seq, signature))
+        wait_until(probed, progress_others, 0.0, partial(Watch, state, seq, signature))
         message = found[0]
         got_tag, got = status.Get_tag(), status.Get_count(BYTE)
         if got_tag == tag and got == nbytes:
@@ -181,7 +181,7 @@ def _wait(request: MPI.Request, status: MPI.Status | None, state, signature: Sig
     """Poll a request of the stepwise path, looking for a mismatch while idle (mismatch.Watch), and
     progressing the collectives other threads have in flight."""
     if not request.Test(status):  # most are done at once: nothing made for them
-        wait_until(partial(request.Test, status), progress_others, 0.0, (Watch, state, state.calls - 1, signature))
+        wait_until(partial(request.Test, status), progress_others, 0.0, partial(Watch, state, state.calls - 1, signature))
 
 
 def _cancel(received: MPI.Request | None, sent: MPI.Request | None, state, steps) -> None:

@@ -1,12 +1,10 @@
 """Which transport carries a call's messages to each peer.
 
-Host arrays: MPI, which shares memory between the ranks of a node itself; with
-RINGTREE_SHM=on, ringtree's own shared memory (shm.py) to the ranks of the same node
-(docs/performance.md: on the machine measured it came within 5 % of MPI from 16 MiB
-and was slower below). Device arrays (a backend with a device layer, `backend.ipc`): to a rank of
-the same node, CUDA IPC (ipc.py); to any other, MPI on device memory where the MPI
-is CUDA-aware, else staged through pinned host memory (the backend's `staged`).
-RINGTREE_TRANSPORT forces one: `ipc` (an error where the device layer is missing),
+Host arrays: MPI, which shares memory between the ranks of a node itself (ringtree's own
+shared memory was slower at every size: docs/performance.md). Device arrays (a backend with a
+device layer, `backend.ipc`): to a rank of the same node, CUDA IPC (ipc.py); to any other, MPI on
+device memory where the MPI is CUDA-aware, else staged through pinned host memory (the backend's
+`staged`). RINGTREE_TRANSPORT forces one: `ipc` (an error where the device layer is missing),
 `direct` or `staged` (no IPC). The node map is MPI's own (CommState.hosts), whatever
 RINGTREE_TOPOLOGY says. Every rank of a node decides alike, from settings all ranks
 are known to share; RINGTREE_DEBUG=1 logs each peer's transport once per communicator.
@@ -19,16 +17,15 @@ import logging
 from .. import settings
 from ..debug import log
 from .ipc import IpcTransport
-from .shm import ShmTransport
 
 __all__ = ["transport_for", "routed"]
 
 
 def transport_for(state, backend):
-    """The transport of `state`'s communicator for `backend`'s arrays (an IpcTransport or
-    ShmTransport), or None where every peer is reached by MPI."""
+    """The transport of `state`'s communicator for `backend`'s arrays (an IpcTransport), or None
+    where every peer is reached by MPI."""
     if not backend.device:
-        return _shared_memory(state)
+        return None
     layer = backend.ipc
     mode = settings.current().transport
     if mode == "ipc" and layer is None:
@@ -44,17 +41,6 @@ def transport_for(state, backend):
         _log_peers(state, f"{layer.name} transports", peers, "IPC",
                    "staged through host memory" if backend.staged else "MPI on device memory")
     return state.transports[layer]
-
-
-def _shared_memory(state) -> ShmTransport | None:
-    window = state.shared_window
-    if window is None:
-        return None
-    if "shm" not in state.transports:
-        transport = ShmTransport(window, state.rank) if window.peers - {state.rank} else None
-        state.transports["shm"] = transport
-        _log_peers(state, "host transports", transport.peers if transport is not None else (), "shared memory", "MPI")
-    return state.transports["shm"]
 
 
 def _log_peers(state, what: str, peers, reached: str, beyond: str) -> None:

@@ -62,5 +62,5 @@ def _line_up(state, signature, timeout) -> None:
 
     # Backing off: ranks that outnumber the cores must get to run and arrive. Announced: a rank in
     # another call may wait for messages that these ranks send only after the barrier.
-    watched(partial(wait_until, arrived, progress_others, 0.0, (Watch, state, state.calls, signature, None, True)),
+    watched(partial(wait_until, arrived, progress_others, 0.0, partial(Watch, state, state.calls, signature, announce=True)),
             f"allreduce on rank {state.rank} of {state.comm.Get_name()}, in the barrier that starts a tuning trial")

@@ -10,7 +10,6 @@ import time
 from mpi4py import MPI
 
 from ..errors import MismatchError
-from .failures import peer_gone
 from .mismatch import ANNOUNCE_SECONDS, GAVE_UP, REFUSED, Signature, everywhere, seen, tell
 from .reliability import given_up, take_in, timed_out
 
@@ -33,11 +32,10 @@ def reported(source: int, theirs: tuple, seq: int) -> str:
 class Watch:
     """A wait in one call, looking for signs of a mismatch while idle: `look()` between polls."""
 
-    __slots__ = ("state", "seq", "signature", "started", "announced", "abandon", "compare", "shared", "timeout",
-                 "waits_for")
+    __slots__ = ("state", "seq", "signature", "started", "announced", "abandon", "compare", "timeout", "waits_for")
 
     def __init__(self, state, seq: int, signature: Signature, abandon=None, announce: bool = False,
-                 compare: bool = True, shared=None, timeout: float | None = None, waits_for: str = "") -> None:
+                 compare: bool = True, timeout: float | None = None, waits_for: str = "") -> None:
         """`abandon(error)`, if given, undoes what the call left in flight (engine.Execution.abandon).
         `announce`: a wait in MPI's own allreduce, whose messages show nothing of its call, tells the
         others which call it is in once idle ANNOUNCE_SECONDS. `compare=False`: a wait in the
@@ -45,13 +43,11 @@ class Watch:
         only for a rank's word that it raised or refused the call, or that it makes the call with no
         elements (runtime/empty.py): the plan, whose signature tags the messages of ranks already
         past the comparison, may be one made for an earlier call.
-        `shared`: the call's engine.Execution where its messages go by shared memory (shm.py): its
-        rings are looked in as well, and the processes it waits for. `timeout`: seconds after which
+        `timeout`: seconds after which
         the wait, idle since `started` (the Watch made, or the call's last progress), raises
         TimeoutError (`waits_for` says in what); the
         communicator's own (CommState.timeout) where the call has none."""
         self.state, self.seq, self.signature, self.abandon = state, seq, signature, abandon
-        self.shared = shared
         self.started = time.perf_counter()
         self.announced = not announce
         self.compare = compare
@@ -96,33 +92,22 @@ class Watch:
                 self.fail(reported(source, theirs, seq))
 
     def _messages(self) -> None:
-        """The messages waiting on the private communicator (and in shared-memory rings): a notice of a
-        mismatch in this call, a message of it under another signature; a ring peer that died."""
+        """The messages waiting on the private communicator: a notice of a mismatch in this call, a
+        message of it under another signature."""
         state, seq = self.state, self.seq
         status = MPI.Status()
         layout, comm, me = state.layout, state.comm, state.rank
         mine = layout.tag(seq, self.signature.code ^ state.threads_bit)
-        ring_peers = self.shared.transport.peers if self.shared is not None else ()
         for source in range(state.size):
             if source == me or not comm.Iprobe(source, MPI.ANY_TAG, status):
                 continue
             tag = status.Get_tag()
             if tag == layout.notice_of(seq):
                 self.fail(seen(source, tag, layout))
-            if tag == mine and source in ring_peers:
-                self.fail(f"rank {source} sends this call's messages by MPI where this rank uses shared memory: "
-                          "does it pass device arrays where this rank passes host arrays?")
             self._another_signature(source, tag, mine)
-        if self.shared is not None:
-            for source, tag in self.shared.transport.arrived_tags():
-                self._another_signature(source, tag, mine)
-            gone = self.shared.transport.gone(self.shared.peers_waited_for())
-            if gone:  # no MPI message with it fails: its process is looked for
-                self._raise(peer_gone(state.comm, self.signature.collective, gone[0]))
 
     def _another_signature(self, source: int, tag: int, mine: int) -> None:
-        """Fail if `tag`, of a message from `source` (over MPI, or in a shared-memory ring), is of this
-        call's number but not of its signature."""
+        """Fail if `tag`, of a message from `source`, is of this call's number but not of its signature."""
         layout = self.state.layout
         if self.compare and tag // layout.codes == self.seq % layout.calls and tag != mine:
             self.fail(seen(source, tag, layout))
