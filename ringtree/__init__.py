@@ -5,6 +5,7 @@ reduce and alltoall, for mpi4py programs, on numpy and CuPy buffers.
     from ringtree import reduce_scatter, allgather, broadcast, reduce, alltoall
     import ringtree; comm = ringtree.Communicator(MPI.COMM_WORLD)
     bucketer = ringtree.GradientBucketer(gradients)   # fused, overlapped, for training
+    ringtree.register_algorithm("allreduce", "mine", generator)   # a program's own, verified first
 
 The package, from the public face inward (docs/design.md draws it):
 
@@ -41,6 +42,7 @@ from .api.collectives import (
 )
 from .api.communicator import Communicator
 from .api.persistent import PersistentRequest, allreduce_init
+from .api.registration import register_algorithm
 from .errors import MismatchError, PeerFailure, TimeoutError
 from .settings import SettingError
 from .version import __version__
@@ -48,4 +50,5 @@ from .version import __version__
 __all__ = ["allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "ireduce_scatter", "reduce_scatter_init",
            "allgather", "iallgather", "allgather_init", "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce",
            "reduce_init", "alltoall", "ialltoall", "alltoall_init", "Request", "PersistentRequest", "Communicator",
-           "GradientBucketer", "MismatchError", "PeerFailure", "TimeoutError", "SettingError", "__version__"]
+           "GradientBucketer", "register_algorithm", "MismatchError", "PeerFailure", "TimeoutError", "SettingError",
+           "__version__"]

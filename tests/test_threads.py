@@ -361,7 +361,7 @@ FIRST_CALLS_AGAIN_AND_AGAIN = """
 
 @pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
-@pytest.mark.parametrize("nranks, rounds", [(2, 40), (3, 25), (4, 15)])
+@pytest.mark.parametrize("nranks, rounds", [(2, 200), (3, 100), (4, 100)])
 def test_threads_that_set_up_communicators_of_their_own_round_after_round_never_hang(nranks, rounds):
     # Each round, four threads each make the first calls on two new communicators: every set-up's
     # collectives (the private duplicates, the node split, the first call's confirmation) while the

@@ -5,6 +5,11 @@ Generators are pure: they import no MPI and no array library. An entry also says
 ringtree may assume of its schedules: whether the generator takes a topology, how far the stepwise
 path runs it, its segment size where a call names it without one, and the claims the simulator
 rests on (TURNING and PERIOD below), which the schedule tests check.
+
+SHIPPED names the algorithms ringtree ships; a program adds its own with `ringtree.register_algorithm`
+(api/registration.py: it verifies them first), which lands here through `add`. REGISTRY and its views
+(ALGORITHMS, GENERATORS) are changed in place, never replaced, so every module that imported them
+sees a program's algorithms too.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from .reduce_scatter import pairwise_reduce_scatter, recursive_halving_reduce_sc
 from .ring import ring_allreduce, ring_period, ring_turns
 from .tree import tree_allreduce
 
-__all__ = ["Algorithm", "REGISTRY", "ALGORITHMS", "GENERATORS", "COLLECTIVES", "algorithm_of"]
+__all__ = ["Algorithm", "REGISTRY", "ALGORITHMS", "GENERATORS", "COLLECTIVES", "SHIPPED", "algorithm_of", "add",
+           "remove", "offered", "added"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,14 @@ class Algorithm:
     # (nranks, count) -> a P that divides nranks such that rank r + P's schedule is rank r's with every
     # peer p as (p + P) mod nranks. The simulator then runs P ranks for all.
     period: Callable | None = None
+    # Whether `auto` may choose it: every shipped one; a program's own where it registered it with
+    # offer_to_auto (online tuning tries it; `python -m ringtree tune` measures it).
+    offered: bool = True
+
+    @property
+    def origin(self) -> str:
+        """Where its generator is defined (module.qualified_name): what ranks compare of a program's own."""
+        return f"{getattr(self.generator, '__module__', '?')}.{getattr(self.generator, '__qualname__', '?')}"
 
 
 def _entries(*algorithms: Algorithm) -> dict[str, Algorithm]:
@@ -97,6 +111,7 @@ REGISTRY: dict[str, dict[str, Algorithm]] = {
     ),
 }
 COLLECTIVES = tuple(REGISTRY)
+SHIPPED = {collective: tuple(entries) for collective, entries in REGISTRY.items()}  # the rest: a program's own
 
 
 def algorithm_of(collective: str, name: str) -> Algorithm:
@@ -112,3 +127,33 @@ def algorithm_of(collective: str, name: str) -> Algorithm:
 ALGORITHMS = {name: entry.generator for name, entry in REGISTRY["allreduce"].items()}
 GENERATORS = {collective: {name: entry.generator for name, entry in entries.items()}
               for collective, entries in REGISTRY.items()}
+
+
+def add(collective: str, algorithm: Algorithm) -> None:
+    """Put a program's own algorithm in the registry and its views (checked and verified by
+    api/registration.py first)."""
+    REGISTRY[collective][algorithm.name] = algorithm
+    GENERATORS[collective][algorithm.name] = algorithm.generator
+    if collective == "allreduce":
+        ALGORITHMS[algorithm.name] = algorithm.generator
+
+
+def remove(collective: str, name: str) -> None:
+    """Take a program's own algorithm out again (a shipped one stays)."""
+    if name in SHIPPED[collective]:
+        raise ValueError(f"{name!r} is one of ringtree's own {collective} algorithms; only a program's own go")
+    REGISTRY[collective].pop(name, None)
+    GENERATORS[collective].pop(name, None)
+    if collective == "allreduce":
+        ALGORITHMS.pop(name, None)
+
+
+def offered(collective: str) -> list[str]:
+    """The names `auto` may choose among for `collective`, in registry order."""
+    return [name for name, entry in REGISTRY[collective].items() if entry.offered]
+
+
+def added() -> list[tuple[str, Algorithm]]:
+    """A program's own algorithms, (collective, entry) in registry order."""
+    return [(collective, entry) for collective, entries in REGISTRY.items() for name, entry in entries.items()
+            if name not in SHIPPED[collective]]

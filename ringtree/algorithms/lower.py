@@ -15,9 +15,9 @@ from ..schedule.order import steps
 from ..schedule.pipeline import segmented
 from ..schedule.staging import staged
 from ..schedule.topology import Topology
-from . import algorithm_of
+from . import Algorithm, algorithm_of
 
-__all__ = ["Shape", "Program", "lower"]
+__all__ = ["Shape", "Program", "lower", "lower_entry"]
 
 
 class Shape(NamedTuple):
@@ -44,7 +44,11 @@ class Program(NamedTuple):
 
 
 def lower(shape: Shape) -> Program:
-    algorithm = algorithm_of(shape.collective.name, shape.algorithm)
+    return lower_entry(algorithm_of(shape.collective.name, shape.algorithm), shape)
+
+
+def lower_entry(algorithm: Algorithm, shape: Shape) -> Program:
+    """lower() of `algorithm`, registered or not (the registration verifies an entry before it is)."""
     if shape.stepwise and shape.segment:
         raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
     node_aware = shape.topology is not None and algorithm.node_aware

@@ -206,8 +206,8 @@ def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRe
     comm = MPI.COMM_WORLD if comm is None else comm
     with refusing(comm):
         call = checked_call(name, comm, algorithm, None, check, *buffers)
-        needs = name in ("reduce_scatter", "allgather", "alltoall") or (
-            name == "reduce" and comm.Get_rank() == call.collective.root)
+        kind = call.collective.kind  # a result at every rank, or a reduce's at its root
+        needs = kind.blocks or (kind.rooted and kind.reduces and comm.Get_rank() == call.collective.root)
         if needs and buffers[1] is None:
             raise ValueError(f"ringtree {name}_init on rank {comm.Get_rank()}: a persistent {name} needs recvbuf: "
                              "the result goes there at every Wait")

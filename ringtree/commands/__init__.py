@@ -3,9 +3,10 @@
 Each command module has `add_arguments(parser)`, `run(args)` and, where
 arguments must agree with each other, `check(args)`, which raises UsageError.
 The rules they share: one algorithm is `--algorithm NAME`, several are
-`--algorithms A,B`; sizes are bytes with K, M, G suffixes; `-o/--output` is
-the file a command writes, `--json PATH` its machine-readable results. A bad
-argument prints the usage and exits with status 2, never a traceback.
+`--algorithms A,B`, and `--import MODULE` adds a program's own (arguments.py);
+sizes are bytes with K, M, G suffixes; `-o/--output` is the file a command
+writes, `--json PATH` its machine-readable results. A bad argument prints the
+usage and exits with status 2, never a traceback.
 Commands may import any part of ringtree; nothing in ringtree imports them.
 """
 
@@ -17,7 +18,7 @@ import os
 import sys
 
 from .. import settings
-from .arguments import UsageError
+from .arguments import UsageError, imported_from
 
 __all__ = ["COMMANDS", "main"]
 
@@ -36,6 +37,12 @@ COMMANDS = {
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ringtree", description="ringtree's tools")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        imported_from(argv)  # a program's own algorithms, registered before the parsers list the names
+        refused = None
+    except UsageError as error:
+        refused = error
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = {}
     for name, (module_name, summary) in COMMANDS.items():
@@ -44,6 +51,9 @@ def main(argv=None) -> None:
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         commands[name] = module, sub
+    if refused is not None:  # with the usage of the command it was given to
+        named = next((word for word in argv if word in commands), None)
+        (commands[named][1] if named else parser).error(str(refused))
     args = parser.parse_args(argv)
     module, sub = commands[args.command]
     try:

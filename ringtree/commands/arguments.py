@@ -4,17 +4,24 @@ A bad argument is refused while parsing (an argparse type raising
 ArgumentTypeError) or by a command raising UsageError before it does
 anything; either way `python -m ringtree` prints the usage and the reason and
 exits with status 2, on every rank alike.
+
+`--import MODULE` (bench, draw, simulate, tune) brings in a program's own algorithms: main() imports
+each MODULE, a module name or a .py file, before it builds the parsers, so that the algorithms it
+registers (ringtree.register_algorithm) are among those the arguments take.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import sys
 
 import numpy as np
 
+from ..algorithms import GENERATORS
 from ..words import counted
 
 REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives that take an op
@@ -218,3 +225,53 @@ def topology_from(args: argparse.Namespace, nranks: int):
         return Topology.placed(args.layout, args.placement)
     except ValueError as error:
         raise UsageError(f"--placement {args.placement}: {error}") from None
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    """--import, which main() has acted on before parsing (imported_from): here for the usage and help."""
+    parser.add_argument("--import", dest="imports", metavar="MODULE", action="append", default=[],
+                        help="a module name or a .py file to import first: the algorithms it registers with "
+                             "ringtree.register_algorithm are then among those this command takes (repeatable)")
+
+
+def imported_from(argv: list[str]) -> None:
+    """Import every module --import names in `argv`, in order; UsageError for one that cannot be imported
+    (not found, or raising: an algorithm the registration refused, say), with its reason."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--import", dest="imports", action="append", default=[])
+    for text in early.parse_known_args(argv)[0].imports:
+        try:
+            import_module(text)
+        except Exception as error:  # whatever the program's module raised: a usage error naming it
+            raise UsageError(f"--import {text}: {type(error).__name__}: {error}") from None
+
+
+def import_module(text: str):
+    """The module `text` names (dotted, as `import` takes it) or the .py file it is, imported once."""
+    if not (text.endswith(".py") or os.sep in text or "/" in text):
+        return importlib.import_module(text)
+    path = os.path.abspath(text)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no file {text}")
+    for module in list(sys.modules.values()):
+        if os.path.abspath(getattr(module, "__file__", None) or "-") == path:
+            return module
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    if name not in sys.modules:
+        sys.modules[name] = module
+    if os.path.dirname(path) not in sys.path:  # its neighbours import, as where it runs as a script
+        sys.path.insert(0, os.path.dirname(path))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+        raise
+    return module
+
+
+def algorithm_names() -> list[str]:
+    """Every collective's algorithm names, once each: ringtree's own and those a program registered."""
+    return list(dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms))

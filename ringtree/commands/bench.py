@@ -50,6 +50,8 @@ from ..words import counted
 from .arguments import (
     REDUCING,
     UsageError,
+    add_import_argument,
+    algorithm_names,
     at_least,
     comma_list,
     dtype,
@@ -59,22 +61,31 @@ from .arguments import (
     positive,
     sizes_from_args,
 )
-from .measure import across_ranks, exact_data, exact_inputs, in_pass_order, table_rows, time_in_turns, whole_elements
+from .measure import (
+    UNEVEN,
+    across_ranks,
+    exact_data,
+    exact_inputs,
+    in_pass_order,
+    kind_of,
+    table_rows,
+    time_in_turns,
+    whole_elements,
+)
 
 ROUNDTRIP = "roundtrip"
-NAMES = [*dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms), "auto", NATIVE, ROUNDTRIP]
-COLLECTIVES = [*GENERATORS, "alltoallv"]
-UNEVEN = {"alltoallv": "alltoall"}  # a collective bench times given counts: the one it is
+COLLECTIVES = [*GENERATORS, *UNEVEN]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_import_argument(parser)
     parser.add_argument("-b", "--minbytes", type=at_least(1, parse_size), default=parse_size("8"),
                         help="smallest size (e.g. 8, 1K, 4M)")
     parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
     parser.add_argument("--collective", choices=COLLECTIVES, default="allreduce",
                         help="the collective to time (with nccl-tests' size and busbw for each)")
-    parser.add_argument("--algorithms", type=comma_list(NAMES), default=None,
+    parser.add_argument("--algorithms", type=comma_list([*algorithm_names(), "auto", NATIVE, ROUNDTRIP]), default=None,
                         help=f"comma-separated, from {', '.join(ALGORITHMS)} (allreduce's; another collective's: "
                              "ringtree.algorithms.GENERATORS), auto, native, and with --cupy roundtrip "
                              "(default: ring,tree,auto,native; another collective's: all of its, auto, native)")
@@ -102,16 +113,16 @@ def check(args: argparse.Namespace) -> None:
     sizes_from_args(args)
     known = {name: algorithm for name, algorithm in GENERATORS[UNEVEN.get(args.collective, args.collective)].items()
              if args.collective not in UNEVEN or name != "bruck"}  # Bruck takes blocks alike only
+    kind = kind_of(args.collective)
     if args.algorithms is None:
-        args.algorithms = ["ring", "tree", "auto", NATIVE] if args.collective == "allreduce" else [
-            *sorted(known), "auto", NATIVE]
+        args.algorithms = [*(kind.bench_algorithms or sorted(known)), "auto", NATIVE]
     unknown = [name for name in args.algorithms if name not in (*known, "auto", NATIVE, ROUNDTRIP)]
     if unknown:
         raise not_its_algorithms(args.collective, unknown, [*sorted(known), "auto", NATIVE])
     if args.op is not None and args.collective not in REDUCING:
         raise UsageError(f"--op {args.op}: {args.collective} reduces nothing; --op goes with {', '.join(REDUCING)}")
     args.op = args.op or "sum"
-    if args.collective != "allreduce" and (args.cupy or args.inplace):
+    if not kind.whole_sizes and (args.cupy or args.inplace):
         raise UsageError(f"--collective {args.collective} times numpy arrays out of place; leave out --cupy and "
                          "--inplace")
     try:
@@ -142,13 +153,14 @@ def run(args: argparse.Namespace) -> list[dict]:
     redop = op if name in REDUCING else None  # as the table shows it
     baseline = next((case for case in (NATIVE, ROUNDTRIP) if case in algorithms), None)
     # every block of the same count (or share): a size rounds down to a whole number of them per rank
-    shares = 1 if name == "allreduce" else size * (size + 1) // 2 if name in UNEVEN else size
-    counts, rounded = whole_elements(sizes_from_args(args), dtype, shares, "" if name == "allreduce" else (
+    kind = kind_of(name)
+    shares = 1 if kind.whole_sizes else size * (size + 1) // 2 if name in UNEVEN else size
+    counts, rounded = whole_elements(sizes_from_args(args), dtype, shares, "" if kind.whole_sizes else (
         f"in {name}'s {shares} shares" if name in UNEVEN else f"per rank on {counted(size, 'rank')}"))
     if rank == 0:
-        print(f"# ringtree bench{'' if name == 'allreduce' else ' ' + name}: {counted(size, 'rank')}, {dtype}"
+        print(f"# ringtree bench{'' if kind.modelled else ' ' + name}: {counted(size, 'rank')}, {dtype}"
               + (f", {op.value}" if redop is not None else "")
-              + (f", {'in place' if args.inplace else 'out of place'}" if name == "allreduce" else "")
+              + (f", {'in place' if args.inplace else 'out of place'}" if kind.whole_sizes else "")
               + f", {'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"
               + (f", medians of {args.passes} passes" if args.passes > 1 else ""))
         if rounded:
@@ -210,7 +222,7 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
     original = out.copy()
     calls = {label: _call(comm, name, algorithm, send, out, op, segment, inplace, cupy)
              for label, (algorithm, segment) in cases.items()}
-    checked = name != "reduce" or comm.Get_rank() == 0  # a reduce's other ranks get nothing
+    checked = _receives(comm, name)
     wrong = []
     # In place every call adds into the last result, so the values grow until they overflow to inf,
     # which changes neither the work nor its time: numpy need not warn about it.
@@ -222,8 +234,14 @@ def measure(comm, name, cases: dict, count, dtype, op, args, warmup: int = 0) ->
             wrong.append(np.count_nonzero(got != expected) if checked else 0)
         wrong = dict(zip(cases, map(int, across_ranks(comm, wrong, MPI.SUM))))
         tuned = {label: partial(_tuned, comm) for label, (algorithm, _) in cases.items()
-                 if algorithm == "auto" and name == "allreduce"}
+                 if algorithm == "auto" and kind_of(name).modelled}
         return time_in_turns(comm, calls, args.batch, args.iters, args.budget, warmup, tuned), wrong
+
+
+def _receives(comm, name: str) -> bool:
+    """Whether this rank gets a result (a reduce's other ranks than rank 0, its root, get nothing)."""
+    kind = kind_of(name)
+    return not (kind.rooted and kind.reduces) or comm.Get_rank() == 0
 
 
 def _tuned(comm) -> bool:
@@ -236,7 +254,7 @@ def _buffers(comm, name, count, dtype, op, cupy: bool):
     """(input, output, MPI's own result on host memory) of a call of `count` elements in all: small
     integers, which every order of a sum adds to the same bits. A broadcast's input is its output
     at rank 0; an allreduce's output starts as its input (its buffer in place)."""
-    data, expected = exact_inputs(comm, count, dtype, op) if name == "allreduce" else (
+    data, expected = exact_inputs(comm, count, dtype, op) if kind_of(name).whole_sizes else (
         exact_data(comm, count, dtype), None)
     block = count // comm.Get_size()
     send, out = {"allreduce": (data, data.copy()), "reduce_scatter": (data, np.empty(block, dtype)),
@@ -271,11 +289,10 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
                   "alltoall": lambda: comm.Alltoall(send, out),
                   "alltoallv": partial(comm.Alltoallv, [send, sent], [out, received])}[name]
         call = native
-        if op is ReduceOp.AVG and name in REDUCING:
+        if op is ReduceOp.AVG and name in REDUCING and _receives(comm, name):
             def call():
                 native()
-                if name != "reduce" or comm.Get_rank() == 0:
-                    out[...] /= comm.Get_size()
+                out[...] /= comm.Get_size()
     else:
         options = dict(comm=comm, algorithm=algorithm, segment=segment)
         call = {"allreduce": lambda: allreduce(send, out, op, **options),

@@ -15,13 +15,16 @@ import argparse
 
 from ..algorithms import ALGORITHMS, GENERATORS
 from ..schedule import OpKind
+from ..schedule.collectives import COLLECTIVES
 from ..sim import Costs, simulate
 from ..sim.flat import flat_schedules
 from ..sim.simulator import collective_of
 from ..words import counted
 from .arguments import (
     UsageError,
+    add_import_argument,
     add_layout_arguments,
+    algorithm_names,
     at_least,
     format_size,
     image_path,
@@ -36,7 +39,8 @@ MAX_MESSAGES = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--algorithm", type=one_of(list(dict.fromkeys(a for c in GENERATORS.values() for a in c))),
+    add_import_argument(parser)
+    parser.add_argument("--algorithm", type=one_of(algorithm_names()),
                         required=True, help=f"one of {', '.join(ALGORITHMS)} (allreduce's), or another collective's")
     parser.add_argument("--collective", choices=list(GENERATORS), default="allreduce",
                         help="the collective whose schedule to draw (ringtree.algorithms.GENERATORS has their algorithms)")
@@ -87,7 +91,7 @@ def _nbytes(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> None:
     segment = max(1, args.segment // args.itemsize) if args.segment else 0
-    name = args.algorithm if args.collective == "allreduce" else f"{args.collective}-{args.algorithm}"
+    name = args.algorithm if COLLECTIVES[args.collective].modelled else f"{args.collective}-{args.algorithm}"
     output = args.output or f"{name}.svg"
     draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, output,
          segment=segment, collective=args.collective, root=args.root, topology=topology_from(args, args.ranks))
@@ -143,8 +147,8 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0,
     ax.set_xlim(-0.3, result.time + 0.3)
     ax.set_xlabel("steps (a message takes one)")
     sent = result.bytes_sent
-    what = algorithm if collective == "allreduce" else f"{collective} {algorithm}" + (
-        f" from root {root}" if collective in ("broadcast", "reduce") else "")
+    kind = COLLECTIVES[collective]
+    what = algorithm if kind.modelled else f"{collective} {algorithm}" + (f" from root {root}" if kind.rooted else "")
     ax.set_title(f"{what}, {counted(nranks, 'rank')}" + (f" ({topology})" if nodes else "")
                  + f", {counted(count, 'element')}\n{result.time:g} step{'' if result.time == 1 else 's'}; "
                  f"elements sent per rank {min(sent)}"

@@ -9,10 +9,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import MPI_OP, ReduceOp
+from ..schedule.collectives import COLLECTIVES, CollectiveKind
 
 __all__ = ["COSTS", "in_pass_order", "whole_elements",
            "exact_inputs", "time_in_turns", "across_ranks", "bus_factor", "table_rows", "candidates",
-           "smoothed", "poor_fit", "BLIP_WITHIN", "UNSPLIT_MAX_BYTES", "POOR_FIT"]
+           "smoothed", "poor_fit", "kind_of", "UNEVEN", "BLIP_WITHIN", "UNSPLIT_MAX_BYTES", "POOR_FIT"]
+
+UNEVEN = {"alltoallv": "alltoall"}  # a collective bench times given counts: the one it is
 
 # A size whose winner differs from both its neighbours' (the same one) takes theirs where that is
 # slower by no more than this: on a noisy machine a near-tie would otherwise flip the table for one size.
@@ -126,9 +129,12 @@ def across_ranks(comm, values, op):
 
 def bus_factor(collective: str, nranks: int) -> float:
     """busbw / algbw, as nccl-tests has it: what each rank's links carry of the size, at best."""
-    if collective == "allreduce":
-        return 2 * (nranks - 1) / nranks
-    return (nranks - 1) / nranks if collective in ("reduce_scatter", "allgather", "alltoall", "alltoallv") else 1.0
+    return kind_of(collective).bus_factor(nranks)
+
+
+def kind_of(collective: str) -> CollectiveKind:
+    """The registry's entry of a collective bench times (alltoallv: the alltoall's)."""
+    return COLLECTIVES[UNEVEN.get(collective, collective)]
 
 
 def table_rows(comm, collective: str, algorithms, count: int, dtype, op, passes: list[tuple[dict, dict]],

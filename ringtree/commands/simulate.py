@@ -17,6 +17,7 @@ from ..tuning.selector import FALLBACK_MODEL
 from ..words import counted
 from .arguments import (
     UsageError,
+    add_import_argument,
     add_layout_arguments,
     at_least,
     format_size,
@@ -50,6 +51,7 @@ def calibration(path: str) -> Costs:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_import_argument(parser)
     parser.add_argument("--algorithm", type=one_of(list(ALGORITHMS)), required=True,
                         help=f"one of {', '.join(ALGORITHMS)}")
     parser.add_argument("--ranks", type=at_least(1), required=True)

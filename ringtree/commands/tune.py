@@ -45,15 +45,18 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import settings
-from ..algorithms import GENERATORS, REGISTRY
+from ..algorithms import GENERATORS, REGISTRY, SHIPPED, offered
 from ..ops import ReduceOp
 from ..runtime.state import cache_identity, comm_state
+from ..schedule.collectives import COLLECTIVES
 from ..tuning import cache
 from ..tuning.model import fit, fit_error
 from ..tuning.online import NATIVE, Option, key_of
 from ..words import counted
 from .arguments import (
     UsageError,
+    add_import_argument,
+    algorithm_names,
     at_least,
     comma_list,
     format_size,
@@ -88,17 +91,18 @@ SEGMENTS_OF_COLLECTIVES = (256 << 10, 1 << 20, 4 << 20)
 NATIVE_CASE = (NATIVE, 0)  # timed at every size too
 UNSPLIT = 1 << 62  # a segment no message reaches
 DTYPE = np.dtype(np.float32)
-NAMES = list(dict.fromkeys(name for algorithms in GENERATORS.values() for name in algorithms))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_import_argument(parser)
     parser.add_argument("-b", "--minbytes", type=at_least(1, parse_size), default=parse_size("8"), help="smallest size")
     parser.add_argument("-e", "--maxbytes", type=at_least(1, parse_size), default=parse_size("256M"), help="largest size")
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
     parser.add_argument("--collective", choices=list(GENERATORS), default="allreduce",
                         help="the collective to tune")
-    parser.add_argument("--algorithms", type=comma_list(NAMES), default=None,
-                        help="comma-separated algorithms to try (default: every one of the collective)")
+    parser.add_argument("--algorithms", type=comma_list(algorithm_names()), default=None,
+                        help="comma-separated algorithms to try (default: every one of the collective that auto may "
+                             "choose: ringtree's own, and those --import offers to auto)")
     parser.add_argument("--segments", type=size_list, default=None,
                         help="segment sizes to try where a message is larger (default: "
                              f"{', '.join(map(format_size, SEGMENTS))}; another collective's: "
@@ -120,25 +124,30 @@ def check(args: argparse.Namespace) -> None:
     """UsageError for arguments that do not go together; the collective's defaults filled in."""
     known = GENERATORS[args.collective]
     if args.algorithms is None:
-        args.algorithms = list(known)
+        args.algorithms = offered(args.collective)
     unknown = [name for name in args.algorithms if name not in known]
     if unknown:
         raise not_its_algorithms(args.collective, unknown, list(known))
+    modelled = COLLECTIVES[args.collective].modelled
+    if modelled and not set(args.algorithms) & set(SHIPPED[args.collective]):
+        raise UsageError(f"--algorithms: the α-β-γ model is fitted to ringtree's own {args.collective} algorithms: "
+                         f"name one of {', '.join(SHIPPED[args.collective])} as well")
     if args.segments is None:
-        args.segments = list(SEGMENTS if args.collective == "allreduce" else SEGMENTS_OF_COLLECTIVES)
-    if args.merge and args.collective != "allreduce":
+        args.segments = list(SEGMENTS if modelled else SEGMENTS_OF_COLLECTIVES)
+    if args.merge and not modelled:
         raise UsageError(f"--merge re-tunes allreduce's rules; --collective {args.collective} tunes its whole grid")
 
 
 def run(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     name, rank, nranks = args.collective, comm.Get_rank(), comm.Get_size()
+    kind = COLLECTIVES[name]
     layout = layout_of(comm_state(comm).topology)
     table = _existing_table(comm, args.output, layout if args.merge else None)  # before measuring anything
     kept_segments = table["segments"][str(nranks)] if args.merge else None
     # every block of the same count: a size rounds down to a whole number of elements per rank
-    grid, rounded = whole_elements(sizes_from_args(args), DTYPE, 1 if name == "allreduce" else nranks,
-                                   "" if name == "allreduce" else f"per rank on {counted(nranks, 'rank')}")
+    grid, rounded = whole_elements(sizes_from_args(args), DTYPE, 1 if kind.whole_sizes else nranks,
+                                   "" if kind.whole_sizes else f"per rank on {counted(nranks, 'rank')}")
     counts = {count * DTYPE.itemsize: count for count in grid}
     if rank == 0 and rounded:
         print(f"note: {rounded}")
@@ -167,13 +176,13 @@ def run(args: argparse.Namespace) -> None:
                 progress.update(len(times))
     if progress is not None:
         progress.close()
-    who = cache_identity(comm, comm_state(comm).topology) if name == "allreduce" else None
+    who = cache_identity(comm, comm_state(comm).topology) if kind.modelled else None
     if rank != 0:
         return
     mean = {nbytes: {case: float(np.mean([p[case] for p in runs])) for case in runs[0]}
             for nbytes, runs in passes.items()}
     try:
-        if name == "allreduce":
+        if kind.modelled:
             _write_allreduce(args, nranks, layout, table, kept_segments, mean, who)
         else:
             _write_collective(args, name, nranks, mean)
@@ -193,8 +202,9 @@ def _write_allreduce(args, nranks: int, layout: dict, table: dict | None, kept_s
     if args.merge:  # the times of the sizes not re-tuned stay, and the model is fitted to all
         measured += [(m["algorithm"], nranks, m["bytes"], m["segment"], m["seconds"])
                      for m in table["measured"].get(measured_key(layout), []) if m["bytes"] not in mean]
-    ours = [m for m in measured if m[0] != NATIVE]  # ringtree's own: what the model and segments are fitted to
-    params = fit(ours)
+    ours = [m for m in measured if m[0] != NATIVE]  # ringtree's: what the segments are fitted to
+    modelled = [m for m in ours if m[0] in SHIPPED["allreduce"]]  # and the model (a program's own has none)
+    params = fit(modelled)
     # One segment size per algorithm, then one algorithm per size: auto then runs exactly what a call
     # naming that algorithm runs, and the table has fewer knobs to fit to noise.
     best_segments = kept_segments or segments_from(ours)
@@ -208,7 +218,7 @@ def _write_allreduce(args, nranks: int, layout: dict, table: dict | None, kept_s
     print(f"\nfitted α = {params.alpha * 1e6:.2f} µs, β = {params.beta * 1e9:.3f} ns/B "
           f"({1e-9 / params.beta if params.beta else float('inf'):.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/B")
     poor = poor_fit("the α-β-γ model", [COSTS[name] for name, value in params._asdict().items() if value <= 0],
-                    fit_error(ours, params))
+                    fit_error(modelled, params))
     if poor:
         warn(f"{poor}. The model only rules the sizes and rank counts the table does not")
     print(f"\n{counted(nranks, 'rank')}: which algorithm wins from which size")

@@ -2,7 +2,8 @@
 
 Every plan has a Signature: its count, dtype, op, algorithm and segment as the
 caller gave them, and a 16-bit code of them (dtype, op and algorithm exactly,
-count and segment by a 4-bit hash). ringtree's messages carry the code in
+count and segment by a 4-bit hash; a program's own algorithm by one code, its name and
+generator's origin in the hash). ringtree's messages carry the code in
 their tag, under the call number, so messages of calls that differ never
 match: a stepwise receive takes any tag from its peer and compares; the
 engine's receives stay unmatched, and its idle waits look (`look`) for a
@@ -33,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import REGISTRY
+from ..algorithms import REGISTRY, SHIPPED
 from ..errors import MismatchError
 from ..ops import ReduceOp
 from ..words import counted
@@ -55,16 +56,19 @@ _DTYPES = "?bBhHiIlLqQefdgFDG"
 # ringtree's ops, then those only MPI's own allreduce computes (buffers.passes_through), as ops.op_name names them
 _OPS = [op.value for op in ReduceOp] + ["MPI.MAXLOC", "MPI.MINLOC", "a user-defined MPI.Op"]
 NO_OP = 15  # the op's code for a collective that reduces nothing: the last of 4 bits
-ALGORITHM_BITS = 3  # of a signature's code: "auto" and every algorithm of a collective must fit
-_ALGORITHMS = {name: ["auto", *sorted(algorithms)] for name, algorithms in REGISTRY.items()}
-_ALGORITHMS["allreduce"] = ["auto", *REGISTRY["allreduce"]]
+ALGORITHM_BITS = 3  # of a signature's code: "auto" and every algorithm ringtree ships of a collective must fit
+# ... beside the last code, which stands for any algorithm a program registered (ringtree.register_algorithm):
+# its name and where its generator is defined go into the hashed part instead.
+PROGRAMS = (1 << ALGORITHM_BITS) - 1
+_ALGORITHMS = {name: ["auto", *sorted(algorithms)] for name, algorithms in SHIPPED.items()}
+_ALGORITHMS["allreduce"] = ["auto", *SHIPPED["allreduce"]]
 _MPI_ONLY = ["auto"]  # a collective that MPI's own alone computes (gather, scatter: runtime/passed_through.py)
 if len(_OPS) > NO_OP:
     raise ImportError(f"{len(_OPS)} ops; a signature codes at most {NO_OP} (runtime/mismatch.py, NO_OP)")
 for _name, _names in _ALGORITHMS.items():
-    if len(_names) > 1 << ALGORITHM_BITS:
+    if len(_names) > PROGRAMS:
         raise ImportError(f"{_name} has {len(_names) - 1} algorithms; a signature codes auto and at most "
-                          f"{(1 << ALGORITHM_BITS) - 1} (runtime/mismatch.py, ALGORITHM_BITS)")
+                          f"{PROGRAMS - 1}, and a program's own (runtime/mismatch.py, ALGORITHM_BITS)")
 _FIELDS = ("count", "dtype", "op", "algorithm", "segment", "collective", "root", "blocks")
 _ROOT = 1 + _FIELDS.index("root")  # in a Signature
 
@@ -104,9 +108,13 @@ def signature(count: int, dtype: np.dtype | str, op: str | None, algorithm: str,
         char, name = dtype.char if dtype.isnative else "", dtype.name
         kind = _DTYPES.index(char) if char and char in _DTYPES else 18 + _crc(dtype.str) % 14
     rest = f"{count},{segment}" if collective == "allreduce" else f"{collective},{count},{segment},{root},{blocks}"
+    names = _ALGORITHMS.get(collective, _MPI_ONLY)
+    if algorithm in names:
+        coded = names.index(algorithm)
+    else:  # a program's own: which one, and where its generator is defined, as well as the code can say
+        coded, rest = PROGRAMS, f"{rest},{algorithm},{REGISTRY[collective][algorithm].origin}"
     hashed = _crc(rest) & 15
-    code = ((kind << 11) | ((NO_OP if op is None else _OPS.index(op)) << 7)
-            | (_ALGORITHMS.get(collective, _MPI_ONLY).index(algorithm) << 4) | hashed)
+    code = ((kind << 11) | ((NO_OP if op is None else _OPS.index(op)) << 7) | (coded << 4) | hashed)
     return Signature(code, count, name, op, algorithm, segment, collective, root, blocks)
 
 

@@ -99,32 +99,32 @@ def native_plan(op: ReduceOp | None, divide, state, count: int, dtype: np.dtype,
 def _persistent(collective: Collective, comm, count: int, dtype: np.dtype, op, rank: int, size: int):
     """(buffer, received, request) of a plan's persistent request of `collective` (MPICollective).
     What reduces nothing goes as bytes, which every MPI has."""
-    name, root, counts = collective.name, collective.root, collective.counts
-    if name == "broadcast":
-        if root is None:  # as broadcast_showing_roots: the bytes, then a bit for each rank's root
-            buffer = np.zeros(count * dtype.itemsize + (size + 7) // 8, np.uint8)
-            return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, [buffer, MPI.BYTE], MPI.BOR)
+    kind, root, counts = collective.kind, collective.root, collective.counts
+    if kind.rooted and root is None:  # as roots.showing_roots: the data, then a mark for each rank's root
+        if kind.reduces:
+            buffer = np.zeros(count + size, dtype)
+            return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, buffer, op)
+        buffer = np.zeros(count * dtype.itemsize + (size + 7) // 8, np.uint8)  # a broadcast's: a bit each
+        return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, [buffer, MPI.BYTE], MPI.BOR)
+    init = getattr(comm, kind.persistent)  # Allreduce_init, Bcast_init, ...
+    if not kind.reduces:
         buffer = np.empty(count * dtype.itemsize, np.uint8)
-        return buffer, buffer, comm.Bcast_init([buffer, MPI.BYTE], root)
-    if name == "reduce" and root is None:  # as roots.showing_roots: the data, then a mark for each rank's root
-        buffer = np.zeros(count + size, dtype)
-        return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, buffer, op)
-    if name == "allgather":
-        buffer = np.empty(count * dtype.itemsize, np.uint8)
-        sizes = [c * dtype.itemsize for c in counts]
+        if not kind.has_input:  # a broadcast: the root's buffer becomes every rank's
+            return buffer, buffer, init([buffer, MPI.BYTE], root)
+        if kind.matrix:  # an alltoall: what a rank sends and what it receives apart
+            received = np.empty(count * dtype.itemsize, np.uint8)
+            return buffer, received, init([buffer, MPI.BYTE], [received, MPI.BYTE])
+        sizes = [c * dtype.itemsize for c in counts]  # an allgather: in place, in its blocks
         return buffer, buffer, comm.Allgatherv_init(MPI.IN_PLACE, [buffer, sizes, None, MPI.BYTE])
-    if name == "alltoall":
-        buffer, received = np.empty(count * dtype.itemsize, np.uint8), np.empty(count * dtype.itemsize, np.uint8)
-        return buffer, received, comm.Alltoall_init([buffer, MPI.BYTE], [received, MPI.BYTE])
     buffer = np.empty(count, dtype)
-    if name == "reduce_scatter":
+    if kind.blocks:  # a reduce-scatter: this rank's block of the total
         received = np.empty(counts[rank], dtype)
-        return buffer, received, comm.Reduce_scatter_init(buffer, received, list(counts), op)
-    if name == "reduce":
-        if rank == root:
-            return buffer, buffer, comm.Reduce_init(MPI.IN_PLACE, buffer, op, root)
-        return buffer, None, comm.Reduce_init(buffer, None, op, root)
-    return buffer, buffer, comm.Allreduce_init(MPI.IN_PLACE, buffer, op)
+        return buffer, received, init(buffer, received, list(counts), op)
+    if not kind.rooted:
+        return buffer, buffer, init(MPI.IN_PLACE, buffer, op)
+    if rank == root:
+        return buffer, buffer, init(MPI.IN_PLACE, buffer, op, root)
+    return buffer, None, init(buffer, None, op, root)
 
 
 def free_plan(own: MPICollective) -> None:
@@ -228,22 +228,21 @@ def _copies(own: MPICollective, rank: int, source, target, root):
 def _plan_copies(own: MPICollective, rank: int, source, target, root):
     """_copies' pairs for a call whose arrays are like `source` and `target` (sizes, dtype), with 0 and 1
     in their places."""
-    name, buffer, received = own.collective.name, byte_view(own.buffer), own.received
-    if name == "allgather":
-        offset = own.collective.displacement(rank) * target.itemsize
-        return [(buffer[offset:offset + source.nbytes], 0)], [(1, buffer)], None
-    if own.collective.root is None and name in ("broadcast", "reduce"):  # it shows the roots (roots.py)
-        nbytes, at_root = (target if name == "broadcast" else source).nbytes, rank == root
-        mine, combined = root_marks(name, known_op(own.op), target.dtype, own.comm.Get_size(), root)
-        if name == "broadcast":
-            given = 1 if at_root else memoryview(bytes(nbytes))  # the others give zeros
-            outs = [] if at_root else [(1, buffer[:nbytes])]
-        else:
+    collective, buffer, received = own.collective, byte_view(own.buffer), own.received
+    kind = collective.kind
+    if collective.root is None and kind.rooted:  # it shows the roots (roots.py)
+        nbytes, at_root = (source if kind.has_input else target).nbytes, rank == root
+        mine, combined = root_marks(collective.name, known_op(own.op), target.dtype, own.comm.Get_size(), root)
+        if kind.reduces:
             given, outs = 0, [(1, buffer[:nbytes])] if at_root else []
+        else:  # a broadcast's others give zeros
+            given = 1 if at_root else memoryview(bytes(nbytes))
+            outs = [] if at_root else [(1, buffer[:nbytes])]
         return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(mine))], outs, (buffer[nbytes:], combined)
-    if name != "broadcast":
-        return [(buffer, 0)], [(1, byte_view(received))] if received is not None else [], None
-    return ([(buffer, 1)], [], None) if rank == root else ([], [(1, buffer)], None)
+    if not kind.has_input:  # a broadcast's root gives its target, the others receive into theirs
+        return ([(buffer, 1)], [], None) if rank == root else ([], [(1, buffer)], None)
+    offset = kind.first_input(collective, rank) * target.itemsize  # an allgather's block in the buffer
+    return [(buffer[offset:offset + source.nbytes], 0)], [(1, byte_view(received))] if received is not None else [], None
 
 
 class NativeInFlight:
@@ -352,21 +351,22 @@ def native_start(call, op):
     collective_args.Prepared), as a function of the communicator to start it on: its arguments made
     once, here, for every call of the repeat."""
     collective, source, target = call.collective, call.source, call.target
-    name, root, counts = collective.name, collective.root, list(collective.counts)
-    if name == "reduce_scatter":  # Ireduce_scatter: under MPICH faster than Ireduce_scatter_block
-        return lambda comm: comm.Ireduce_scatter(source, target, counts, op)
-    if name == "reduce":
+    kind, root, counts = collective.kind, collective.root, list(collective.counts)
+    start = kind.nonblocking  # Ireduce_scatter, Ibcast, ...
+    if kind.reduces and kind.blocks:  # Ireduce_scatter: under MPICH faster than Ireduce_scatter_block
+        return lambda comm: getattr(comm, start)(source, target, counts, op)
+    if kind.reduces:  # a reduce
         sendbuf = MPI.IN_PLACE if call.inplace else source
-        return lambda comm: comm.Ireduce(sendbuf, target if target.size or not source.size else None, op, root)
+        return lambda comm: getattr(comm, start)(sendbuf, target if target.size or not source.size else None, op, root)
     # These reduce nothing: any dtype goes, as bytes where MPI has no datatype of it.
     whole, mine = _typed(target), _typed(source)
-    if name == "broadcast":
-        return lambda comm: comm.Ibcast(whole, root)
-    if name == "alltoall":  # of blocks alike: auto gives a count matrix to pairwise (tuning/collectives.py)
-        return lambda comm: comm.Ialltoall(mine, whole)
-    sendbuf = MPI.IN_PLACE if call.inplace else mine
+    if kind.rooted:  # a broadcast
+        return lambda comm: getattr(comm, start)(whole, root)
+    if kind.matrix:  # of blocks alike: auto gives a count matrix to pairwise (tuning/collectives.py)
+        return lambda comm: getattr(comm, start)(mine, whole)
+    sendbuf = MPI.IN_PLACE if call.inplace else mine  # an allgather
     if len(set(counts)) == 1:
-        return lambda comm: comm.Iallgather(sendbuf, whole)
+        return lambda comm: getattr(comm, start)(sendbuf, whole)
     if isinstance(whole, list):
         recvbuf = [whole[0], [c * target.dtype.itemsize for c in counts], None, MPI.BYTE]
     else:

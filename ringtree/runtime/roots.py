@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..ops import ReduceOp
+from ..schedule.collectives import COLLECTIVES
 from .mismatch import differing
 
 __all__ = ["ROOTS_SHOWN_MAX", "shows_roots", "root_marks", "showing_roots", "roots_differ", "byte_view"]
@@ -33,16 +34,19 @@ _MARKS = {ReduceOp.SUM: (1, 0), ReduceOp.MAX: (1, 0), ReduceOp.BOR: (1, 0), Redu
 def shows_roots(name: str, op: ReduceOp | None, dtype: np.dtype, size: int) -> bool:
     """Whether a call of collective `name` can show its roots: a broadcast always; a reduce whose op
     keeps the marks apart (an average divides what it receives) in a dtype that counts `size` ranks."""
-    if name == "broadcast":
+    kind = COLLECTIVES[name]
+    if not kind.rooted:
+        return False
+    if not kind.reduces:  # a broadcast's
         return True
-    if name != "reduce" or op not in _MARKS or dtype.kind not in "iuf" or dtype.char == "g":
+    if op not in _MARKS or dtype.kind not in "iuf" or dtype.char == "g":
         return False  # a long double's bytes have padding that MPI need not write alike on every rank
     return dtype.kind == "f" or np.iinfo(dtype).max >= size
 
 
 def root_marks(name: str, op: ReduceOp | None, dtype: np.dtype, size: int, root: int) -> tuple[bytes, bytes]:
     """(this rank's marks for `root`, the marks every rank gets where all name it), as bytes."""
-    if name == "broadcast":
+    if not COLLECTIVES[name].reduces:  # a broadcast's
         bits = bytearray((size + 7) // 8)
         bits[root // 8] = 1 << root % 8
         return bytes(bits), bytes(bits)
@@ -57,26 +61,28 @@ def showing_roots(state, call, op):
     """A call (`call`, a collective_args.Prepared; `op`, the plan's MPI.Op) as MPI's own allreduce that
     shows the roots, on arrays of its own. Returns (start, after): start(comm) starts it on a plan's
     communicator; after() checks the roots and takes the data."""
-    name, root, size = call.collective.name, call.collective.root, state.size
-    data = byte_view(call.target if name == "broadcast" else call.source)
+    name, root, size, kind = call.collective.name, call.collective.root, state.size, call.collective.kind
+    reduces = kind.reduces  # a reduce's, else a broadcast's (whose data is the root's target)
+    data = byte_view(call.source if kind.has_input else call.target)
     nbytes, at_root = data.nbytes, state.rank == root
     given, expected = root_marks(name, call.reduce_op, call.source.dtype, size, root)
-    if name == "broadcast":
-        mine, mpi_op = np.zeros(nbytes + len(given), np.uint8), MPI.BOR
-    else:
+    if reduces:
         mine, mpi_op = np.zeros(call.source.size + size, call.source.dtype), op
+    else:
+        mine, mpi_op = np.zeros(nbytes + len(given), np.uint8), MPI.BOR
     combined = np.empty_like(mine)
     sent, received = byte_view(mine), byte_view(combined)
     sent[nbytes:] = given
-    result = None if name == "broadcast" and at_root or name == "reduce" and not at_root else byte_view(call.target)
+    # nothing comes back to a broadcast's root, nor to a reduce's other ranks
+    result = None if at_root != reduces else byte_view(call.target)
     seq = [0]
 
     def start(comm) -> MPI.Request:
-        if name == "reduce" or at_root:
+        if reduces or at_root:
             sent[:nbytes] = data
         seq[0] = state.calls  # before the call counts itself: its number
-        return comm.Iallreduce(mine if name == "reduce" else [mine, MPI.BYTE],
-                               combined if name == "reduce" else [combined, MPI.BYTE], mpi_op)
+        return comm.Iallreduce(mine if reduces else [mine, MPI.BYTE],
+                               combined if reduces else [combined, MPI.BYTE], mpi_op)
 
     def after() -> None:
         if received[nbytes:] != expected:

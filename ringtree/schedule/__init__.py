@@ -1,5 +1,6 @@
 """The schedule IR, its builder and the passes from schedule to schedule; no MPI, no numpy.
 
+collectives  the registry of collectives: one CollectiveKind each, what differs between them
 ir        Ref, Op, OpKind, Schedule and the ScheduleBuilder that derives dependencies
 order     the orders a schedule runs in: dataflow, and the steps of the stepwise path
 pipeline  segmenting: every op split into segments, scratch into a window of slots

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
+from .collectives import COLLECTIVES, CollectiveKind, kind_of
+
 INPUT = "input"
 OUTPUT = "output"
 KEPT = "kept "  # a scratch buffer so named keeps data for long (partial sums); segmenting leaves it whole
@@ -76,9 +78,6 @@ class Op(NamedTuple):
         return f"copy {self.dst} <- {self.src}"
 
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
-
-
 class Collective(NamedTuple):
     """Which collective a schedule computes, as every rank's call gives it.
 
@@ -97,17 +96,20 @@ class Collective(NamedTuple):
     counts: tuple[int, ...] = ()  # elements of each rank's block: reduce_scatter, allgather and alltoall
     root: int = 0  # broadcast and reduce
 
+    @property
+    def kind(self) -> CollectiveKind:
+        """This collective's entry in the registry (collectives.COLLECTIVES)."""
+        return COLLECTIVES[self.name]
+
     def check(self, nranks: int, count: int) -> None:
-        if self.name not in COLLECTIVES:
-            raise ValueError(f"unknown collective {self.name!r}; known: {', '.join(COLLECTIVES)}")
-        blocks = self.name in ("reduce_scatter", "allgather", "alltoall")
-        given = nranks * nranks if self.name == "alltoall" and len(self.counts) == nranks * nranks else nranks
-        if blocks and (len(self.counts) != given or sum(self.counts) != count or min(self.counts, default=0) < 0):
+        kind = kind_of(self.name)
+        given = nranks * nranks if kind.matrix and len(self.counts) == nranks * nranks else nranks
+        if kind.blocks and (len(self.counts) != given or sum(self.counts) != count or min(self.counts, default=0) < 0):
             raise ValueError(f"{self.name}: counts {self.counts} must be {nranks} counts >= 0 adding up to {count}"
-                             + (f", or {nranks}×{nranks}" if self.name == "alltoall" else ""))
-        if self.name == "alltoall" and (given == nranks) != self.alike():
-            raise ValueError(f"alltoall: counts {self.counts} must be {nranks} alike, or a {nranks}×{nranks} matrix "
-                             "of what each rank sends each whose blocks are not all alike")
+                             + (f", or {nranks}×{nranks}" if kind.matrix else ""))
+        if kind.matrix and (given == nranks) != self.alike():
+            raise ValueError(f"{self.name}: counts {self.counts} must be {nranks} alike, or a {nranks}×{nranks} "
+                             "matrix of what each rank sends each whose blocks are not all alike")
         if not 0 <= self.root < nranks:
             raise ValueError(f"{self.name}: root {self.root} is not a rank of {nranks}")
 
@@ -118,18 +120,7 @@ class Collective(NamedTuple):
     def extents(self, rank: int, count: int) -> tuple[int, int, int | None]:
         """(INPUT's size, OUTPUT's size, where INPUT lies in OUTPUT when the call is in place, or None
         where an in-place call is not this schedule's concern) for `rank`."""
-        if self.name == "reduce_scatter":
-            return count, self.counts[rank], None
-        if self.name == "allgather":
-            return self.counts[rank], count, self.displacement(rank)
-        if self.name == "alltoall":  # in place by way of a copy of the input (collective_args.py)
-            sent, received = self.exchanged(rank)
-            return sum(size for _, size in sent), sum(size for _, size in received), None
-        if self.name == "broadcast":
-            return 0, count, None
-        if self.name == "reduce" and rank != self.root:
-            return count, 0, None
-        return count, count, 0
+        return COLLECTIVES[self.name].extents(self, rank, count)
 
     def exchanged(self, rank: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """An alltoall's blocks at `rank`: (offset, size) in INPUT of the one for each rank, and in OUTPUT
@@ -338,7 +329,7 @@ _new_tuple = tuple.__new__  # builds an Op without NamedTuple's slower Python-le
 def single_rank(algorithm: str, count: int, collective: Collective = ALLREDUCE) -> Schedule:
     """A collective on one rank: the output is a copy of the input (a broadcast has nothing to do)."""
     b = ScheduleBuilder(algorithm, 1, 0, count, collective)
-    if collective.name != "broadcast":
+    if collective.kind.has_input:
         b.copy(Ref(OUTPUT, 0, count), Ref(INPUT, 0, count))
     return b.build()
 

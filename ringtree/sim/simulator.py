@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from ..algorithms import algorithm_of
 from ..algorithms.lower import Shape
+from ..schedule.collectives import kind_of
 from ..schedule.ir import Collective, even_chunks
 from ..schedule.topology import Topology
 from .events import run_events
@@ -86,7 +87,7 @@ def simulate(algorithm: str, nranks: int, nbytes: int, costs: Costs, *, itemsize
                                    progress=progress, stepwise=stepwise,
                                    collective=collective_of(collective, nranks, count, root), topology=topology)
         return run_events(schedules, call, costs, trace, progress, topology.node_of)
-    if collective != "allreduce":
+    if entry.turning is None and entry.period is None:  # no shortcut: every rank's schedule, simulated
         shape = collective_of(collective, nranks, count, root)
         schedules = flat_schedules(algorithm, nranks, count, segment_elements, window, itemsize, trace,
                                    progress=progress, stepwise=stepwise, collective=shape)
@@ -122,9 +123,10 @@ def collective_of(name: str, nranks: int, count: int, root: int = 0) -> Collecti
     """The Collective of a call of `count` elements in all: a reduce-scatter's or allgather's in
     blocks as even as they go, an alltoall's alike (ValueError for a root out of range, or an
     alltoall's count that does not split)."""
-    if name == "alltoall" and nranks and count % nranks:
-        raise ValueError(f"alltoall: {count} elements do not split into {nranks} blocks alike")
-    blocks = tuple(size for _, size in even_chunks(count, nranks)) if name in ("reduce_scatter", "allgather", "alltoall") else ()
+    kind = kind_of(name)
+    if kind.matrix and nranks and count % nranks:
+        raise ValueError(f"{name}: {count} elements do not split into {nranks} blocks alike")
+    blocks = tuple(size for _, size in even_chunks(count, nranks)) if kind.blocks else ()
     shape = Collective(name, blocks, root)
     shape.check(nranks, count)
     return shape

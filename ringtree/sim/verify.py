@@ -10,8 +10,8 @@ only once their receive is posted, so a schedule that could deadlock is
 caught. They run twice: as the engine runs them (any op whose dependencies are
 met), and as the stepwise path does (one step at a time, in listed order).
 Each time, every rank's output must end up holding what its collective
-promises (ir.Collective), in every element: for an allreduce, every rank's
-input exactly once.
+promises (its entry's `promised`, schedule/collectives.py), in every element:
+for an allreduce, every rank's input exactly once.
 
 `replay` runs the same schedules on real values: the bits an allreduce of them computes, for a test
 to compare with.
@@ -215,8 +215,8 @@ class _SymbolicRank:
         self.schedule, self.rank, self.nranks = schedule, schedule.rank, nranks
         self.buffers = {name: np.zeros((size, nranks + 1), np.int64) for name, size in schedule.buffer_sizes().items()}
         self.defined = {name: np.zeros(size, bool) for name, size in schedule.buffer_sizes().items()}
-        start = _first_of_input(schedule)
-        given = OUTPUT if schedule.collective.name == "broadcast" else INPUT
+        collective = schedule.collective
+        start, given = collective.kind.first_input(collective, self.rank), collective.kind.given
         if given == INPUT or self.rank == schedule.collective.root:
             self.buffers[given][:, self.rank] = 1
             self.buffers[given][:, -1] = start + np.arange(len(self.buffers[given]))
@@ -297,32 +297,15 @@ class _SymbolicRank:
                 f"not {want} ({wrong.size} wrong elements)")
 
 
-def _first_of_input(schedule: Schedule) -> int:
-    """Which element of the inputs (blocks laid end to end) a rank's INPUT starts with."""
-    collective = schedule.collective
-    return collective.displacement(schedule.rank) if collective.name == "allgather" else 0
-
-
 def _promised(schedule: Schedule) -> np.ndarray:
-    """What each element of a rank's OUTPUT must hold at the end, as _SymbolicRank counts it."""
+    """What each element of a rank's OUTPUT must hold at the end, as _SymbolicRank counts it: its
+    collective's promise (schedule/collectives.py)."""
     collective, nranks = schedule.collective, schedule.nranks
     size = schedule.buffer_sizes()[OUTPUT]
     expected = np.zeros((size, nranks + 1), np.int64)
-    first = collective.displacement(schedule.rank) if collective.name == "reduce_scatter" else 0
-    expected[:, -1] = first + np.arange(size)
-    if collective.name == "allgather":
-        owners = np.repeat(np.arange(nranks), collective.counts)
-        expected[np.arange(size), owners] = 1
-    elif collective.name == "alltoall":  # block s: element j of rank s's block for this rank
-        _, received = collective.exchanged(schedule.rank)
-        for source, (offset, block) in enumerate(received):
-            expected[offset:offset + block, source] = 1
-            first = collective.exchanged(source)[0][schedule.rank][0]
-            expected[offset:offset + block, -1] = first + np.arange(block)
-    elif collective.name == "broadcast":
-        expected[:, collective.root] = 1
-    else:
-        expected[:, :-1] = 1
+    for offset, block, source, first in collective.kind.promised(collective, schedule.rank, size):
+        expected[offset:offset + block, slice(nranks) if source is None else source] = 1
+        expected[offset:offset + block, -1] = first + np.arange(block)
     return expected
 
 
@@ -332,7 +315,7 @@ class _ValueRank(_SymbolicRank):
     def __init__(self, schedule: Schedule, nranks: int, data: np.ndarray, reduce) -> None:
         super().__init__(schedule, nranks)
         self.buffers = {name: np.zeros(size, data.dtype) for name, size in schedule.buffer_sizes().items()}
-        given = OUTPUT if schedule.collective.name == "broadcast" else INPUT
+        given = schedule.collective.kind.given
         if given == INPUT or self.rank == schedule.collective.root:
             self.buffers[given][:] = data
         self.combine = reduce

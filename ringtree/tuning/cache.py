@@ -24,7 +24,7 @@ import pathlib
 import tempfile
 
 from .. import settings
-from ..algorithms import ALGORITHMS
+from ..algorithms import offered
 from .online import NATIVE, Key, Option
 
 __all__ = ["FORMAT", "identity", "path_for", "parse", "read", "write", "files"]
@@ -61,7 +61,7 @@ def parse(text: str, who: dict) -> dict[Key, Option]:
             return {}
         return {Key(int(c["size_class"]), bool(c["in_place"]), int(c["itemsize"]), bool(c["native"])):
                 Option(c["algorithm"], int(c["segment"]))
-                for c in data["choices"] if c["algorithm"] in ALGORITHMS or c["algorithm"] == NATIVE}
+                for c in data["choices"] if c["algorithm"] in (*offered("allreduce"), NATIVE)}  # auto's to choose
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}  # not a cache file of this version: start afresh, and write over it
 

@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import SHIPPED, offered
 from ..debug import log
 from .model import Params, predict
 
@@ -63,7 +63,7 @@ class Key(NamedTuple):
 
 
 class Option(NamedTuple):
-    algorithm: str  # a name from ALGORITHMS, or NATIVE
+    algorithm: str  # a name from ALGORITHMS (ringtree.algorithms), or NATIVE
     segment: int  # bytes; 0: unsplit
 
     def __str__(self) -> str:
@@ -84,22 +84,27 @@ def options_for(key: Key, nranks: int, params: Params, nodes: int = 1) -> list[O
     and with each segment size smaller than the message, at most MAX_SCHEDULES (the hierarchical
     allreduce left out: there it is a ring's two halves). On several nodes, where the model, which
     does not tell nodes apart, rules nothing out: the hierarchical allreduce in each segment size,
-    then every other algorithm in the first (which crossing edges a layout gives each decides)."""
+    then every other algorithm in the first (which crossing edges a layout gives each decides). A program's
+    own algorithms offered to auto (ringtree.register_algorithm), which the model knows nothing of, follow,
+    each as ringtree's own are tried, and are never pruned."""
     nbytes = (1 << key.size_class) - 1  # the class's largest message
     segments = SEGMENTS_ACROSS_NODES if nodes > 1 else SEGMENTS
     splits = ([0] if nbytes <= UNSPLIT_MAX_BYTES else []) + [s for s in segments if s < nbytes]
-    names = [name for name in ALGORITHMS if name != HIERARCHICAL]
+    names = [name for name in SHIPPED["allreduce"] if name != HIERARCHICAL]
+    own = [name for name in offered("allreduce") if name not in SHIPPED["allreduce"]]
     predicted = {name: predict(name, nranks, nbytes, params) for name in names}
     if nodes > 1:
         first = next((segment for segment in splits if segment), 0)  # pipelined through the links where it can be
         others = sorted(names, key=predicted.get)
         options = [Option(HIERARCHICAL, segment) for segment in splits] + [Option(name, first) for name in others]
+        options += [Option(name, first) for name in own]
     else:
         # Unsplit: the model counts a segment's messages but not the overlap it buys, so it would rule
         # out every split; an algorithm's unsplit time stands for its splits.
         best = min(predicted.values())
         kept = sorted((name for name in names if predicted[name] <= PRUNE_WITHIN * best), key=predicted.get)
         options = [Option(name, segment) for name in kept for segment in splits][:MAX_SCHEDULES]
+        options += [Option(name, segment) for name in own for segment in splits]
     return options + ([Option(NATIVE, 0)] if key.native else [])
 
 

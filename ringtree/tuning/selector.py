@@ -44,7 +44,7 @@ from importlib import resources
 from typing import NamedTuple
 
 from .. import settings
-from ..algorithms import ALGORITHMS, GENERATORS, REGISTRY, Algorithm
+from ..algorithms import ALGORITHMS, GENERATORS, REGISTRY, SHIPPED, Algorithm, added
 from ..debug import log
 from ..schedule.topology import Topology
 from .model import Params, predict
@@ -206,8 +206,12 @@ def use_table(new: TuningTable | None) -> None:
 
 
 def identity() -> str:
-    """What every rank's choices depend on besides the call: the table and RINGTREE_ALGORITHM."""
-    return f"table {table().origin} ({table().digest}), RINGTREE_ALGORITHM={settings.current().algorithm or 'unset'}"
+    """What every rank's choices depend on besides the call: the table, RINGTREE_ALGORITHM and the
+    program's own algorithms (ringtree.register_algorithm)."""
+    own = "; ".join(f"{collective} {entry.name}={entry.origin}{' (offered to auto)' if entry.offered else ''}"
+                    for collective, entry in added())
+    return (f"table {table().origin} ({table().digest}), RINGTREE_ALGORITHM={settings.current().algorithm or 'unset'}"
+            + (f", algorithms registered: {own}" if own else ""))
 
 
 def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = None,
@@ -231,8 +235,8 @@ def select(nbytes: int, nranks: int, dtype: str | None = None, op: str | None = 
             if segment is None:
                 segment = rule.get("segment", 0) or nbytes
         else:
-            params = table().model(nranks)
-            algorithm = "hierarchical" if across else min(ALGORITHMS, key=lambda name: predict(
+            params = table().model(nranks)  # of ringtree's own algorithms: a program's own has no model
+            algorithm = "hierarchical" if across else min(SHIPPED["allreduce"], key=lambda name: predict(
                 name, nranks, nbytes, params, segment or table().segment(nranks, name, nbytes)))
             source = "model"
     if segment is None:
