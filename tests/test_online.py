@@ -228,9 +228,12 @@ def test_small_native_calls_go_through_persistent_requests_that_the_communicator
     chosen = {tuner.committed.get(key_of(count * 8, in_place, 8, True)) for count in counts for in_place in (0, 1)}
     if chosen != {Option(NATIVE, 0)}:
         failures.append(f"committed {chosen}")
-    persistent = [plan.native.request for plan in comm_state(comm).plans.values() if plan.native and plan.native.request]
+    state = comm_state(comm)
+    persistent = [plan.native.request for plan in state.plans.values() if plan.native and plan.native.request]
     comm.Free()
-    if len(persistent) != 4 or any(persistent):  # one per small count and dtype, in place or not; freed
+    # One per small count and dtype, in place or not; freed, but where this rank, idle in a wait long
+    # enough (ranks oversubscribed), told the others which call it was in: then it keeps them (state.free).
+    if len(persistent) != 4 or (any(persistent) and not state.announced):
         failures.append(f"{len(persistent)} persistent requests, {sum(map(bool, persistent))} left after Free")
     assert_everywhere(world, failures)
 
