@@ -22,9 +22,10 @@ import sys
 import numpy as np
 
 from ..algorithms import GENERATORS
+from ..schedule.collectives import COLLECTIVES
 from ..words import counted
 
-REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives that take an op
+REDUCING = tuple(name for name, kind in COLLECTIVES.items() if kind.reduces)  # the collectives that take an op
 
 
 class UsageError(Exception):

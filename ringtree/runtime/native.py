@@ -352,21 +352,21 @@ def native_start(call, op):
     once, here, for every call of the repeat."""
     collective, source, target = call.collective, call.source, call.target
     kind, root, counts = collective.kind, collective.root, list(collective.counts)
-    start = kind.nonblocking  # Ireduce_scatter, Ibcast, ...
+    start = getattr(MPI.Intracomm, kind.nonblocking)  # Ireduce_scatter, Ibcast, ...: looked up once, here
     if kind.reduces and kind.blocks:  # Ireduce_scatter: under MPICH faster than Ireduce_scatter_block
-        return lambda comm: getattr(comm, start)(source, target, counts, op)
+        return lambda comm: start(comm, source, target, counts, op)
     if kind.reduces:  # a reduce
         sendbuf = MPI.IN_PLACE if call.inplace else source
-        return lambda comm: getattr(comm, start)(sendbuf, target if target.size or not source.size else None, op, root)
+        return lambda comm: start(comm, sendbuf, target if target.size or not source.size else None, op, root)
     # These reduce nothing: any dtype goes, as bytes where MPI has no datatype of it.
     whole, mine = _typed(target), _typed(source)
     if kind.rooted:  # a broadcast
-        return lambda comm: getattr(comm, start)(whole, root)
+        return lambda comm: start(comm, whole, root)
     if kind.matrix:  # of blocks alike: auto gives a count matrix to pairwise (tuning/collectives.py)
-        return lambda comm: getattr(comm, start)(mine, whole)
+        return lambda comm: start(comm, mine, whole)
     sendbuf = MPI.IN_PLACE if call.inplace else mine  # an allgather
     if len(set(counts)) == 1:
-        return lambda comm: getattr(comm, start)(sendbuf, whole)
+        return lambda comm: start(comm, sendbuf, whole)
     if isinstance(whole, list):
         recvbuf = [whole[0], [c * target.dtype.itemsize for c in counts], None, MPI.BYTE]
     else:

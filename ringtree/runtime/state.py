@@ -270,9 +270,10 @@ def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:
     with _SETTING_UP:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
-        setting_up = _SET_UP.setdefault(comm.handle, threading.Lock())
     state = comm.Get_attr(_keyval)
     if state is None:
+        with _SETTING_UP:
+            setting_up = _SET_UP.setdefault(comm.handle, threading.Lock())
         # Collective, under this communicator's lock alone: a thread waiting here for the other ranks
         # must not keep another thread from setting up a communicator of its own.
         with setting_up:

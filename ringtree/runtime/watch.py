@@ -43,10 +43,9 @@ class Watch:
         only for a rank's word that it raised or refused the call, or that it makes the call with no
         elements (runtime/empty.py): the plan, whose signature tags the messages of ranks already
         past the comparison, may be one made for an earlier call.
-        `timeout`: seconds after which
-        the wait, idle since `started` (the Watch made, or the call's last progress), raises
-        TimeoutError (`waits_for` says in what); the
-        communicator's own (CommState.timeout) where the call has none."""
+        `timeout`: seconds after which the wait, idle since `started` (the Watch made, or the call's
+        last progress), raises TimeoutError (`waits_for` says in what); the communicator's own
+        (CommState.timeout) where the call has none."""
         self.state, self.seq, self.signature, self.abandon = state, seq, signature, abandon
         self.started = time.perf_counter()
         self.announced = not announce

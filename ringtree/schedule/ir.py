@@ -120,7 +120,7 @@ class Collective(NamedTuple):
     def extents(self, rank: int, count: int) -> tuple[int, int, int | None]:
         """(INPUT's size, OUTPUT's size, where INPUT lies in OUTPUT when the call is in place, or None
         where an in-place call is not this schedule's concern) for `rank`."""
-        return COLLECTIVES[self.name].extents(self, rank, count)
+        return self.kind.extents(self, rank, count)
 
     def exchanged(self, rank: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """An alltoall's blocks at `rank`: (offset, size) in INPUT of the one for each rank, and in OUTPUT

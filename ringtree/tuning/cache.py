@@ -59,9 +59,10 @@ def parse(text: str, who: dict) -> dict[Key, Option]:
         data = json.loads(text)
         if data.get("format") != FORMAT or data.get("identity") != who:
             return {}
+        choosable = {*offered("allreduce"), NATIVE}  # what auto may choose
         return {Key(int(c["size_class"]), bool(c["in_place"]), int(c["itemsize"]), bool(c["native"])):
                 Option(c["algorithm"], int(c["segment"]))
-                for c in data["choices"] if c["algorithm"] in (*offered("allreduce"), NATIVE)}  # auto's to choose
+                for c in data["choices"] if c["algorithm"] in choosable}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}  # not a cache file of this version: start afresh, and write over it
 
