@@ -14,6 +14,9 @@ Cases, float64 (the ratio is ringtree's time over MPI's, in the same run):
   reduce           reduce(a, b, root=0) against Reduce(a, b, root=0)
   reduce_scatter   reduce_scatter(s, a) against Reduce_scatter_block(s, a): n elements to each rank
   reduce_scatter new  reduce_scatter(np.full(...)) into a new result each call, against MPI's of new arrays
+  allgather new    allgather(np.full(n, x)) into a new result each call, against Allgather of new arrays
+  reduce new       reduce(np.full(n, x), root=0) into a new result each call, against Reduce of new arrays
+  alltoall new     alltoall(np.full(...)) into a new result each call, against Alltoall of new arrays
 Every call is warmed up (past online tuning's trials) before timing; timing is bench's: turns in
 shuffled order, medians of the slowest rank.
 """
@@ -65,6 +68,15 @@ def cases(comm, count: int, requests: list) -> dict:
     def native_scatter_new():
         comm.Reduce_scatter_block(np.full(count * comm.Get_size(), 1.0), np.empty(count))
 
+    def native_gather_new():
+        comm.Allgather(np.full(count, 1.0), np.empty(count * comm.Get_size()))
+
+    def native_reduce_new():
+        comm.Reduce(np.full(count, 1.0), np.empty(count), root=0)
+
+    def native_alltoall_new():
+        comm.Alltoall(np.full(count * comm.Get_size(), 1.0), np.empty(count * comm.Get_size()))
+
     ours, theirs = ringtree.allreduce_init(a, b, comm=comm), comm.Allreduce_init(a, b)
     requests += [ours, theirs]
     return {
@@ -82,6 +94,10 @@ def cases(comm, count: int, requests: list) -> dict:
                            lambda: comm.Reduce_scatter_block(every, b)),
         "reduce_scatter new": (lambda: ringtree.reduce_scatter(np.full(count * comm.Get_size(), 1.0), comm=comm),
                                native_scatter_new),
+        "allgather new": (lambda: ringtree.allgather(np.full(count, 1.0), comm=comm), native_gather_new),
+        "reduce new": (lambda: ringtree.reduce(np.full(count, 1.0), root=0, comm=comm), native_reduce_new),
+        "alltoall new": (lambda: ringtree.alltoall(np.full(count * comm.Get_size(), 1.0), comm=comm),
+                         native_alltoall_new),
     }
 
 

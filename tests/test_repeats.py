@@ -3,6 +3,8 @@ a shape or an arrangement of arguments seen before shares, shapes.py; or the ful
 programs bring, each result exactly MPI's own on the same inputs. A loop's way is compared with
 another loop's in the same run, never with a time."""
 
+import json
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -317,5 +319,97 @@ def test_calls_on_distinct_arrays_after_one_on_two_views_of_one_memory_give_mpi_
         ringtree.allreduce(send, recv, comm=local, algorithm="ring")
         if not np.array_equal(recv, expected):
             failures.append(f"turn {turn}: {recv} != {expected}")
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
+def _new_result_call(name, send, root=0, **given):
+    """ringtree's call `name` into a new result (a broadcast: on `send`, a new buffer), with MPI's own
+    result on the same inputs: (ours, MPI's)."""
+    comm = given["comm"]
+    size, rank = comm.size, comm.rank
+    if name == "broadcast":
+        expected = send.copy()
+        comm.Bcast(expected, root)
+        return ringtree.broadcast(send, root, **given), expected.reshape(-1)
+    flat = np.ascontiguousarray(send).reshape(-1)
+    if name == "allreduce":
+        expected = np.empty_like(flat)
+        comm.Allreduce(flat, expected)
+    elif name == "reduce_scatter":
+        expected = np.empty(flat.size // size, flat.dtype)
+        comm.Reduce_scatter_block(flat, expected)
+    elif name == "allgather":
+        expected = np.empty(flat.size * size, flat.dtype)
+        comm.Allgather(flat, expected)
+    elif name == "reduce":
+        expected = np.empty_like(flat) if rank == root else None
+        comm.Reduce(flat, expected, root=root)
+    else:
+        expected = np.empty_like(flat)
+        comm.Alltoall(flat, expected)
+    call = getattr(ringtree, name)
+    return (call(send, root=root, **given) if name == "reduce" else call(send, **given)), expected
+
+
+@pytest.fixture
+def mpi_s_own_everywhere(comm, tmp_path, monkeypatch):
+    """A tuning table (RINGTREE_TUNING_FILE) whose rules take MPI's own for every collective at every
+    size, in force for the communicators set up until the test ends."""
+    from ringtree import settings
+    from ringtree.algorithms import REGISTRY
+    from ringtree.tuning import selector
+
+    native = {"bytes": [0, None], "algorithm": "native", "segment": 0}
+    table = {"format": selector.FORMAT, "note": "MPI's own everywhere",
+             "rules": [{**native, "ranks": [1, 1024], "without_native": {"algorithm": "ring", "segment": 0}}],
+             "collectives": {name: {str(comm.size): {"rules": [native], "without_native": [
+                 {"bytes": [0, None], "algorithm": next(iter(algorithms)), "segment": 0}]}}
+                 for name, algorithms in REGISTRY.items() if name != "allreduce"}}
+    path = tmp_path / "native.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv("RINGTREE_TUNING_FILE", str(path))
+    settings.reload()
+    selector.use_table(None)
+    yield
+    monkeypatch.delenv("RINGTREE_TUNING_FILE")
+    settings.reload()
+    selector.use_table(None)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"])
+def test_calls_on_new_arrays_each_take_their_shape_s_run_for_every_collective_with_mpi_s_result(
+        comm, name, monkeypatch, mpi_s_own_everywhere):
+    """A loop of small calls into a new result each call (a broadcast: on a new buffer each call) that run
+    MPI's own: after the first calls none goes the full path (again._NewResult, kept by the shape),
+    every result exactly MPI's; then calls that differ from the shape's (dtype, shape, a strided view,
+    a read-only input, another root) give MPI's result too, and a strided one is refused as a first call is."""
+    entered, failures = _full_paths(monkeypatch), []
+    local = comm.Dup()
+    rank, size = comm.rank, comm.size
+    full = 0
+    for call in range(60):
+        send = np.arange(2 * size, dtype=np.int64) * (rank + 1) + call
+        entered.clear()
+        got, expected = _new_result_call(name, send, comm=local)
+        full += len(entered) if call >= 10 else 0
+        if (got is None) != (expected is None) or (got is not None and not np.array_equal(got.reshape(-1), expected)):
+            failures.append(f"call {call}: {got} != {expected}")
+            break
+    if full:
+        failures.append(f"{full} of the last 50 calls went the full path")
+    read_only = np.arange(2 * size, dtype=np.int64) + rank
+    read_only.flags.writeable = False
+    others = {"int32": np.arange(2 * size, dtype=np.int32) + rank, "2-D": np.arange(2 * size).reshape(size, 2) + rank,
+              "root 1": np.arange(2 * size) * (rank + 3)}
+    if name != "broadcast":  # a broadcast's buffer is written at the ranks but its root
+        others["read-only"] = read_only
+    for what, send in others.items():
+        got, expected = _new_result_call(name, send, root=1 % size if what == "root 1" else 0, comm=local)
+        if (got is None) != (expected is None) or (got is not None and (
+                not np.array_equal(got.reshape(-1), expected) or got.dtype != send.dtype)):
+            failures.append(f"{what}: {got} != {expected}")
+    with pytest.raises(ValueError, match=f"on rank {rank}: .* not contiguous"):
+        _new_result_call(name, (np.arange(4 * size) + rank)[::2], comm=local)
     assert_everywhere(comm, failures)
     local.Free()

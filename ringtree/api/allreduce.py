@@ -38,7 +38,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, op, None, comm, algorithm)
         if ran is not MISSED:
-            return recvbuf if ran is None else ran
+            return ran
     return run("allreduce", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
 
 

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from ..ops import known_op
 from ..runtime import agreement
-from ..runtime.again import keep_again, keep_new_result, may_keep, steps_runner
+from ..runtime.again import AGAIN, keep_again, keep_new_result, may_keep, steps_runner
 from ..runtime.backend import NumpyBackend
 from ..runtime.empty import EmptyCall
 from ..runtime.in_flight import IN_FLIGHT
@@ -92,17 +92,15 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
         sendbuf, recvbuf, op = buffers
         if kept and (not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None)):
             return _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
-        new_result = kept and recvbuf is None and type(sendbuf) is NDARRAY  # the caller's, kept by its shape
-        if recvbuf is None and type(sendbuf) is NDARRAY:
-            # A new result array, so that a call shape seen before finds its plan (repeat_of) whatever the
-            # arrays; not kept bound: the next call brings other arrays.
-            recvbuf, kept = np.empty_like(sendbuf), False
-            buffers = (sendbuf, recvbuf, op)
-        hit = repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking)
-        if hit is not None:
-            if new_result and blocking and hit[0].native is not None:
-                keep_new_result(sendbuf, op, algorithm, comm, hit[1], hit[0].native, hit[0].what, confirm_end)
+        # A new result array, so that a call shape seen before finds its plan (repeat_of) whatever the arrays
+        made = np.empty_like(sendbuf) if recvbuf is None and type(sendbuf) is NDARRAY else None
+        hit = repeat_of(sendbuf, recvbuf if made is None else made, op, comm, algorithm, segment, check, timeout,
+                        blocking)
+        if hit is not None and made is None:
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
+        # not bound to the new arrays; a native shape's run is kept by its shape (_bound) unless one is
+        if hit is not None and (not blocking or hit[0].native is None or id(None) in AGAIN["allreduce"]):
+            return _shape_repeat(hit, blocking, False, (sendbuf, made, op), algorithm, comm)
     key = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
     repeat = REPEATS.get(key) if key is not None else None
     if repeat is not None:
@@ -342,6 +340,8 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
             elif run is not None or (steps is not None and may_step(state, None)):
                 keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
+        if blocking and plan.native is not None:  # for the calls of its shape on new arrays
+            keep_new_result(name, buffers, call, algorithm, comm, state, plan.native, repeat.what, confirm_end)
     if (key is not None and trial is None and may_keep(state, blocking)  # else bound when the arrays come again
             and (call.result is None or any(written for *_, written in arrays))):
         if len(REPEATS) >= REPEATS_MAX:

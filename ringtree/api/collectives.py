@@ -40,10 +40,11 @@ def reduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None,
     equal blocks, which must divide it). With sendbuf MPI.IN_PLACE, recvbuf holds the input and gets
     the block at its start. The block goes into `recvbuf` (a new array when None), which is returned.
     """
-    again = AGAIN["reduce_scatter"].get(id(recvbuf))
-    if (again is not None and segment is check is timeout is None
-            and again.ran(sendbuf, counts, op, comm, algorithm) is not MISSED):
-        return recvbuf
+    again = AGAIN["reduce_scatter"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    if again is not None and segment is check is timeout is None:
+        ran = again.ran(sendbuf, counts, op, comm, algorithm)
+        if ran is not MISSED:
+            return ran
     return run("reduce_scatter", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts, op)
 
 
@@ -66,10 +67,11 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto"
     MPI.IN_PLACE, this rank's block is already in place in recvbuf. A new recvbuf (for None) has
     shape (ranks, *sendbuf.shape) where no counts are given, else is 1-D.
     """
-    again = AGAIN["allgather"].get(id(recvbuf))
-    if (again is not None and segment is check is timeout is None
-            and again.ran(sendbuf, counts, None, comm, algorithm) is not MISSED):
-        return recvbuf
+    again = AGAIN["allgather"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    if again is not None and segment is check is timeout is None:
+        ran = again.ran(sendbuf, counts, None, comm, algorithm)
+        if ran is not MISSED:
+            return ran
     return run("allgather", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, counts)
 
 
@@ -86,10 +88,14 @@ def iallgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto
 
 def broadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None):
     """Every rank of `comm` gets rank `root`'s `buf` in its own `buf`, which is returned."""
-    again = AGAIN["broadcast"].get(id(buf))
-    if (again is not None and segment is check is timeout is None
-            and again.ran(root, None, None, comm, algorithm) is not MISSED):
-        return buf
+    kept = AGAIN["broadcast"]
+    if segment is check is timeout is None:
+        again = kept.get(id(buf))
+        if again is not None and again.ran(root, None, None, comm, algorithm) is not MISSED:
+            return buf
+        again = kept.get(id(None))  # a new buffer each call: its shape's run
+        if again is not None and again.ran(buf, root, None, comm, algorithm) is not MISSED:
+            return buf
     return run("broadcast", True, comm, algorithm, segment, check, timeout, buf, root)
 
 
@@ -108,10 +114,11 @@ def reduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="a
     """Combine `sendbuf` from every rank of `comm` with `op` into the root's `recvbuf` (a new array
     when None), which the root gets back; the other ranks get None (their recvbuf is not looked at).
     With sendbuf MPI.IN_PLACE, the root's recvbuf holds its input."""
-    again = AGAIN["reduce"].get(id(recvbuf))
-    if (again is not None and segment is check is timeout is None
-            and again.ran(sendbuf, op, root, comm, algorithm) is not MISSED):
-        return again.result
+    again = AGAIN["reduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    if again is not None and segment is check is timeout is None:
+        ran = again.ran(sendbuf, op, root, comm, algorithm)
+        if ran is not MISSED:
+            return ran
     return run("reduce", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op, root)
 
 
@@ -138,10 +145,11 @@ def alltoall(sendbuf, recvbuf=None, sendcounts=None, recvcounts=None, *, comm=No
     MismatchError on every rank where what one sends another is not what that one expects."""
     if sendcounts is not None or recvcounts is not None:
         return run("alltoall", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, sendcounts, recvcounts)
-    again = AGAIN["alltoall"].get(id(recvbuf))
-    if (again is not None and segment is check is timeout is None
-            and again.ran(sendbuf, None, None, comm, algorithm) is not MISSED):
-        return recvbuf
+    again = AGAIN["alltoall"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    if again is not None and segment is check is timeout is None:
+        ran = again.ran(sendbuf, None, None, comm, algorithm)
+        if ran is not MISSED:
+            return ran
     return run("alltoall", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf)
 
 

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from .. import settings
 from ..ops import known_op, named_defaults
 from ..runtime.backend import NoDevice
-from ..runtime.native import BoundNative, NativeInFlight, native_plan
+from ..runtime.native import MPICollective, NativeInFlight, native_plan
 from ..runtime.one_caller import in_call
 from ..runtime.refusal import refusing
 from .allreduce import iallreduce
@@ -73,6 +73,34 @@ def _bound_native(started, source, target, inplace, reduce_op) -> BoundNative | 
     # the waits must not take for this one's (the call's own number, not state.calls).
     bound = native_plan(reduce_op, own.divide, state, target.size, target.dtype, own.signature, None, native.seq)
     return BoundNative(bound, state, source, target, inplace, native.what)
+
+
+class BoundNative(NativeInFlight):
+    """MPI's own persistent allreduce (Allreduce_init) of a persistent request's arrays, on a native
+    plan of its own (native_plan, made when the request binds it, freed with it): each start() is
+    MPI's Start, tested and waited for as NativeInFlight is."""
+
+    __slots__ = ()
+
+    def __init__(self, own: MPICollective, state, source, target, in_place: bool, what) -> None:
+        self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
+        self.then, self.what, self.done, self.seq = None, what, True, 0  # inactive until started
+        self.request = own.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, own.op)
+
+    def start(self) -> None:
+        state = self.state
+        if state.broken is not None:
+            state.check_usable()
+        self.request.Start()
+        self.done = False
+        self.seq = state.calls  # counted as every call is (run_native)
+        state.calls = self.seq + 1
+
+    def free(self) -> None:
+        """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""
+        self.request.Free()
+        if self.state.broken is None:
+            self.own.comm.Free()
 
 
 class PersistentRequest:

@@ -16,15 +16,16 @@ from mpi4py import MPI
 
 from ..errors import PeerFailure
 from ..ops import ReduceOp
-from ..schedule.ir import COLLECTIVES
+from ..schedule.collectives import COLLECTIVES
 from .in_flight import IN_FLIGHT
-from .native import run_native
+from .native import native_on
 from .one_caller import intruded, one_caller
 from .stalls import WAITING, watched
 from .stepwise import bound_steps, run_stepwise
 from .threads import FIRST_IN, THREADED, get_ident
 
-__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner"]
+__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner", "place",
+           "flat"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -82,7 +83,8 @@ class _Again:
     def ran(self, first, second, third, comm, algorithm):
         """Where these are the call's arguments (its result array's looked up by id), the call run
         again, and what its run returns (a started call's Request); else MISSED. It runs as
-        one_caller.in_call runs a call, its checks and watched() inlined."""
+        one_caller.in_call runs a call, its checks and watched() inlined: what the call returns (its
+        result; a started call's Request)."""
         result, state = self.result, self.state
         if not (first is self.first and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
@@ -92,7 +94,8 @@ class _Again:
                 and (self.native or not IN_FLIGHT.running)):
             other = self.other
             return MISSED if other is None else other.ran(first, second, third, comm, algorithm)
-        return self._call(self.run)
+        ran = self._call(self.run)
+        return result if ran is None else ran  # a started call's run returns its Request
 
     def _call(self, run, *arguments):
         """run(*arguments) as one_caller.in_call runs a call, its checks and watched() inlined."""
@@ -115,29 +118,42 @@ class _Again:
 
 
 class _NewResult(_Again):
-    """A blocking allreduce into a new result array each call (recvbuf None: a solver's dot product)
-    whose shape runs MPI's own: kept by its shape, not its arrays (AGAIN["allreduce"][id(None)]). A
-    call of the same op, algorithm and communicator on any C-contiguous array of the same dtype and
-    size runs the shape's plan on that array and a new one, which it returns."""
+    """A blocking call whose shape runs MPI's own, on an array new at each call: into a new result
+    (recvbuf None: a solver's dot product) or, a broadcast's, on a new buffer. Kept by its shape, not
+    its arrays (AGAIN[name][id(None)]): a call of the same other arguments, communicator and algorithm
+    on a C-contiguous numpy array of the same dtype and shape runs the shape's plan on that array and a
+    result made as the first call's was, which it returns."""
 
-    __slots__ = ("size", "own")
+    __slots__ = ("shape", "made", "gives_first", "places", "writes_first", "whole")
 
-    def __init__(self, source, op, algorithm, comm, state, own, what, confirm) -> None:
-        super().__init__(source, (source, op, None), algorithm, comm, state, None, True, run_native, what, confirm)
-        self.result = self.first = None  # no array held: each call brings its own
-        self.size, self.own = source.size, own
+    def __init__(self, arguments, result, places, algorithm, comm, state, run, what, confirm) -> None:
+        first = arguments[0]
+        super().__init__(None, arguments, algorithm, comm, state, None, True, run, what, confirm)
+        self.first = None  # no array held: each call brings its own
+        self.dtype, self.shape = first.dtype, first.shape
+        self.gives_first = result is first  # a broadcast's buffer; else a new result, or None (a reduce's others)
+        self.made = None if result is None or self.gives_first else result.shape
+        self.places = places  # (array, start, stop) of the call's source and target: 0 the first, 1 the result
+        self.writes_first = places[1][0] == 0 and places[1][2] > places[1][1]
+        self.whole = (self.made is not None and len(self.made) == 1
+                      and places == ((0, 0, first.size), (1, 0, result.size)))
 
     def ran(self, first, second, third, comm, algorithm):
         state = self.state
-        if not (type(first) is NDARRAY and first.dtype is self.dtype and first.size == self.size
-                and first.flags.c_contiguous and second is self.second
+        if not (type(first) is NDARRAY and first.dtype is self.dtype and first.shape == self.shape
+                and first.flags.c_contiguous and (first.flags.writeable or not self.writes_first)
+                and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
                 and self.thread == get_ident() and state.broken is None):
             return MISSED
-        result = np.empty_like(first)
-        flat = first.ndim == 1  # a 1-D array is its own flat view: no reshape to pay for
-        self._call(self.run, self.own, state, first if flat else first.reshape(-1), result if flat else result.reshape(-1),
-                   False)
+        made = self.made
+        result = np.empty(made, self.dtype) if made is not None else first if self.gives_first else None
+        if self.whole and first.ndim == 1:  # the source the whole first array, the target the whole result
+            self._call(self.run, first, result)
+        else:
+            arrays = (first, result)
+            source, target = self.places
+            self._call(self.run, flat(arrays, *source), flat(arrays, *target))
         return result
 
 
@@ -172,8 +188,9 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
     if nbytes > largest or not may_keep(state, blocking):
         return
-    own, *others = (buffers[0], buffers[1]) if name == "broadcast" else (buffers[1], buffers[0], *buffers[2:])
-    if (result is not None or name != "reduce") and (result is not own or type(result) is not NDARRAY):
+    returned = COLLECTIVES[name].returned_argument
+    own, others = buffers[returned], buffers[:returned] + buffers[returned + 1:]
+    if result is not None and (result is not own or type(result) is not NDARRAY):  # None: a reduce's others'
         return
     if not all(type(value) in BY_ID or type(value) in BY_VALUE for value in others):
         return
@@ -205,11 +222,25 @@ def _chain(entry: _Again, previous: _Again | None) -> None:
     last.other = None
 
 
-def keep_new_result(source, op, algorithm, comm, state, own, what, confirm) -> None:
-    """Keep a blocking allreduce into a new array on `source`, whose shape runs MPI's own plan `own`,
-    for the calls of its shape after it (_NewResult); `confirm` as for keep_again."""
-    if may_keep(state):
-        AGAIN["allreduce"][id(None)] = _NewResult(source, op, algorithm, comm, state, own, what, confirm)
+def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, confirm) -> None:
+    """Keep a blocking call of collective `name` on `buffers` whose shape runs MPI's own (`own`, its plan's
+    native.MPICollective), for the calls of its shape after it on new arrays (_NewResult): where its
+    result is a new array (recvbuf None), or a broadcast's buffer, and the call (`call`, a
+    collective_args.Prepared) holds views of its arrays and nothing else; `confirm` as for keep_again."""
+    returned = COLLECTIVES[name].returned_argument
+    first, given = buffers[0], buffers[returned]
+    if (type(first) is not NDARRAY or (given is not None and given is not first) or call.after is not None
+            or call.context is not None or not may_keep(state)
+            or first.nbytes > NATIVE_AGAIN_MAX or not all(type(value) in BY_VALUE or type(value) in BY_ID
+                                                          for value in buffers)):
+        return
+    places = (place(call.source, (first, call.result)), place(call.target, (first, call.result)))
+    run = native_on(own, state, call, what)  # of (source, target)
+    if None in places or run is None:
+        return
+    arguments = buffers if given is first else buffers[:returned] + buffers[returned + 1:]
+    AGAIN[name][id(None)] = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run,
+                                       what, confirm)
 
 
 def may_keep(state, blocking: bool = True) -> bool:
@@ -220,6 +251,25 @@ def may_keep(state, blocking: bool = True) -> bool:
     if not state.signatures:
         return not THREADED[1]
     return not (blocking and state.unconfirmed)
+
+
+def place(array, arrays) -> tuple | None:
+    """(i, start, stop): `array` (1-D) is elements start:stop of arrays[i] flattened; or None."""
+    at = array.__array_interface__["data"][0]
+    for index, whole in enumerate(arrays):
+        if whole is not None and whole.dtype == array.dtype:
+            first = whole.__array_interface__["data"][0]
+            if first <= at and at + array.nbytes <= first + whole.nbytes and (at - first) % array.itemsize == 0:
+                start = (at - first) // array.itemsize
+                return index, start, start + array.size
+    return None
+
+
+def flat(arrays, index: int, start: int, stop: int):
+    """Elements start:stop of arrays[index] flattened (a place's)."""
+    array = arrays[index]
+    whole = array if array.ndim == 1 else array.reshape(-1)
+    return whole if start == 0 and stop == whole.size else whole[start:stop]
 
 
 def _then(run, after) -> None:

@@ -22,8 +22,8 @@ from .roots import byte_view, root_marks, roots_differ
 from .stalls import watched
 from .watch import Watch
 
-__all__ = ["MPICollective", "NativeInFlight", "BoundNative", "reduces", "native_plan", "run_native", "run_started",
-           "native_runner", "native_start", "start_native", "free_plan"]
+__all__ = ["MPICollective", "NativeInFlight", "reduces", "native_plan", "run_native", "run_started",
+           "native_runner", "native_on", "native_start", "start_native", "free_plan"]
 
 # How long a wait in MPI's own collective only polls and yields, before it looks for a mismatch and
 # sleeps between polls: MPI moves a large message between the ranks of a node only as fast as both
@@ -171,17 +171,63 @@ def run_started(own: MPICollective, state, start, target, what) -> None:
 
 def native_runner(own: MPICollective, state, source, target, in_place: bool, root: int | None = 0):
     """A blocking call of these arguments as a function of none, for a call repeated on the same
-    arrays: through the plan's persistent request, its copies between memoryviews made once (half a
-    numpy assignment's time at 8 B); `root`: a broadcast's or reduce's. Without a persistent request,
-    run_native's call for an allreduce, else None."""
+    arrays: through the plan's persistent request (_through_request); `root`: a broadcast's or
+    reduce's. Without a persistent request, run_native's call for an allreduce, else None."""
     if own.request is None:
         return partial(run_native, own, state, source, target, in_place) if own.collective is ALLREDUCE else None
-    request, signature, test, divide = own.request, own.signature, own.request.Test, own.divide if own.average else None
-    copies_in, copies_out, roots = _copies(own, state.rank, source, target, root)
-    if roots is None and len(copies_in) == len(copies_out) == 1 and divide is None:
+    return _through_request(own, state, source, target, root, bound=True)
+
+
+def native_on(own: MPICollective, state, call, what):
+    """A blocking call of `call`'s shape (a collective_args.Prepared) through its plan's MPI's own
+    `own`, as a function of (source, target), arrays in place of the call's: for the calls of its shape
+    on new arrays (again._NewResult). None for a rooted call that shows its roots with no persistent
+    request (roots.showing_roots), whose arrays are the call's own."""
+    if own.request is not None:
+        return _through_request(own, state, call.source, call.target, call.collective.root)
+    if own.collective.root is None and own.collective.kind.rooted:
+        return None
+    return lambda source, target: run_started(own, state, native_start(call._replace(source=source, target=target),
+                                                                       own.op), target, what)
+
+
+def _through_request(own: MPICollective, state, source, target, root, bound: bool = False):
+    """A blocking call through the plan's persistent request as a function of (source, target), arrays
+    like `source` and `target` (sizes, dtype), or, `bound`, of none on these: copied into the
+    request's buffers, the request started and waited for as run_native waits, the roots checked
+    where it shows them, copied out. What the copies take and give is made once per root
+    (own.copies); bound, as memoryviews of the arrays too, made once: a copy between two costs half
+    a numpy assignment's time at 8 B, a memoryview made for it twice."""
+    made = own.copies.get(root)
+    if made is None:
+        made = own.copies[root] = _plan_copies(own, state.rank, source, target, root)
+    ins, outs, roots = made
+    request, test, signature, divide = own.request, own.request.Test, own.signature, own.divide if own.average else None
+
+    if not bound:
+        def run(source, target) -> None:
+            arrays = (source, target)
+            for into, given in ins:
+                into[...] = arrays[given] if type(given) is int else given
+            request.Start()
+            seq = state.calls  # counted as every call is (run_native)
+            state.calls = seq + 1
+            if not settled(test, progress_others):
+                _wait(request, state, seq, signature, ())
+            if roots is not None and roots[0] != roots[1]:
+                roots_differ(state, own.collective.name, root, seq)
+            for to, received in outs:
+                arrays[to][...] = received
+            if divide is not None:
+                divide(target, state.size)
+        return run
+    views = (byte_view(source), byte_view(target))
+    copies_in, copies_out = ([tuple(views[side] if type(side) is int else byte_view(side) for side in pair)
+                              for pair in pairs] for pairs in (ins, outs))
+    if roots is None and divide is None and len(copies_in) == len(copies_out) == 1:
         (into, given), (out, received) = copies_in[0], copies_out[0]
 
-        def run_one() -> None:  # every allreduce's: a loop's set-up counts at 8 B
+        def run_one() -> None:  # every allreduce's: no loop, as a loop's set-up counts at 8 B
             into[:] = given
             request.Start()
             seq = state.calls
@@ -191,7 +237,7 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
             out[:] = received
         return run_one
 
-    def run() -> None:
+    def run_bound() -> None:
         for into, given in copies_in:
             into[:] = given
         request.Start()
@@ -205,44 +251,34 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
             into[:] = given
         if divide is not None:
             divide(target, state.size)
-    return run
-
-
-def _copies(own: MPICollective, rank: int, source, target, root):
-    """(copies in, copies out, roots) of a call through the plan's persistent request: (to, from)
-    pairs of memoryviews; roots, for a broadcast or reduce that shows them, (the marks the ranks'
-    roots combined to, those of this rank's). What lies in the plan's buffers is made once per root
-    (own.copies); the call's arrays are put in their places (0: the source, 1: the target)."""
-    made = own.copies.get(root)
-    if made is None:
-        made = own.copies[root] = _plan_copies(own, rank, source, target, root)
-    ins, outs, roots = made
-    arrays = (byte_view(source), byte_view(target))
-
-    def placed(pairs) -> list:
-        return [(arrays[to] if type(to) is int else to, arrays[given] if type(given) is int else given)
-                for to, given in pairs]
-    return placed(ins), placed(outs), roots
+    return run_bound
 
 
 def _plan_copies(own: MPICollective, rank: int, source, target, root):
-    """_copies' pairs for a call whose arrays are like `source` and `target` (sizes, dtype), with 0 and 1
-    in their places."""
-    collective, buffer, received = own.collective, byte_view(own.buffer), own.received
+    """(copies in, copies out, roots) of _through_request for a call whose arrays are like `source` and
+    `target`: (to, from) pairs, 0 and 1 standing for the call's source and target, what lies in the
+    plan's buffers as arrays of the call's dtype (the roots' marks: bytes); roots, for a broadcast or
+    reduce that shows them (roots.py), memoryviews of the marks the ranks' roots combined to and of
+    those this rank's gives."""
+    collective, buffer, dtype = own.collective, own.buffer.view(np.uint8), target.dtype
     kind = collective.kind
     if collective.root is None and kind.rooted:  # it shows the roots (roots.py)
         nbytes, at_root = (source if kind.has_input else target).nbytes, rank == root
-        mine, combined = root_marks(collective.name, known_op(own.op), target.dtype, own.comm.Get_size(), root)
+        mine, combined = root_marks(collective.name, known_op(own.op), dtype, own.comm.Get_size(), root)
+        data, marks = buffer[:nbytes].view(dtype), buffer[nbytes:]
         if kind.reduces:
-            given, outs = 0, [(1, buffer[:nbytes])] if at_root else []
+            given, outs = 0, [(1, data)] if at_root else []
         else:  # a broadcast's others give zeros
-            given = 1 if at_root else memoryview(bytes(nbytes))
-            outs = [] if at_root else [(1, buffer[:nbytes])]
-        return [(buffer[:nbytes], given), (buffer[nbytes:], memoryview(mine))], outs, (buffer[nbytes:], combined)
+            given = 1 if at_root else np.zeros_like(data)
+            outs = [] if at_root else [(1, data)]
+        return [(data, given), (marks, np.frombuffer(mine, np.uint8))], outs, (memoryview(marks), combined)
     if not kind.has_input:  # a broadcast's root gives its target, the others receive into theirs
-        return ([(buffer, 1)], [], None) if rank == root else ([], [(1, buffer)], None)
+        whole = buffer.view(dtype)
+        return ([(whole, 1)], [], None) if rank == root else ([], [(1, whole)], None)
     offset = kind.first_input(collective, rank) * target.itemsize  # an allgather's block in the buffer
-    return [(buffer[offset:offset + source.nbytes], 0)], [(1, byte_view(received))] if received is not None else [], None
+    received = own.received
+    outs = [] if received is None else [(1, received.view(np.uint8).view(dtype))]
+    return [(buffer[offset:offset + source.nbytes].view(dtype), 0)], outs, None
 
 
 class NativeInFlight:
@@ -285,34 +321,6 @@ class NativeInFlight:
             self.own.divide(self.target, self.state.size)
         if self.then is not None:
             self.then()
-
-
-class BoundNative(NativeInFlight):
-    """MPI's own persistent allreduce (Allreduce_init) of a persistent request's arrays, on a native
-    plan of its own (native_plan, made when the request binds it, freed with it): each start() is
-    MPI's Start, tested and waited for as NativeInFlight is."""
-
-    __slots__ = ()
-
-    def __init__(self, own: MPICollective, state, source, target, in_place: bool, what) -> None:
-        self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
-        self.then, self.what, self.done, self.seq = None, what, True, 0  # inactive until started
-        self.request = own.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, own.op)
-
-    def start(self) -> None:
-        state = self.state
-        if state.broken is not None:
-            state.check_usable()
-        self.request.Start()
-        self.done = False
-        self.seq = state.calls  # counted as every call is (run_native)
-        state.calls = self.seq + 1
-
-    def free(self) -> None:
-        """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""
-        self.request.Free()
-        if self.state.broken is None:
-            self.own.comm.Free()
 
 
 def start_native(own: MPICollective, state, source, target, in_place: bool, trial, what) -> NativeInFlight:

@@ -13,7 +13,7 @@ from mpi4py import MPI
 from .. import settings
 from ..ops import known_op
 from ..schedule.ir import ALLREDUCE
-from .again import AGAIN, BY_ID, BY_VALUE, may_keep
+from .again import AGAIN, BY_ID, BY_VALUE, flat, may_keep, place
 from .in_flight import IN_FLIGHT
 
 __all__ = ["REPEATS", "REPEATS_MAX", "SHAPES", "arguments_key", "shape_key", "of_arrangement", "keep_shape",
@@ -138,25 +138,13 @@ def arrangement_of(call, buffers) -> tuple | None:
             return None
         made = (result.shape, result.dtype)
         arrays.append(result)  # where a place's index is len(buffers)
-    places = [_place(array, arrays) for array in (call.source, call.target)]
+    places = [place(array, arrays) for array in (call.source, call.target)]
     if None in places:
         return None
     written = tuple(index for index in {places[1][0], made if type(made) is int else -1}
                     if 0 <= index < len(buffers) and buffers[index].flags.writeable)  # as the first call's were
     return (type(call), (call.collective, call.count, call.inplace, call.backend, call.reduce_op), places[0], places[1],
             made, written)
-
-
-def _place(array, arrays) -> tuple | None:
-    """(i, start, stop): `array` (1-D) is elements start:stop of arrays[i] flattened; or None."""
-    at = array.__array_interface__["data"][0]
-    for index, whole in enumerate(arrays):
-        if whole is not None and whole.dtype == array.dtype:
-            first = whole.__array_interface__["data"][0]
-            if first <= at and at + array.nbytes <= first + whole.nbytes and (at - first) % array.itemsize == 0:
-                start = (at - first) // array.itemsize
-                return index, start, start + array.size
-    return None
 
 
 def rebound(arrangement, buffers):
@@ -183,14 +171,8 @@ def rebound(arrangement, buffers):
     else:
         result = np.empty(*made)
         buffers = (*buffers, result)
-    return kind(collective, count, _flat(buffers, *source), _flat(buffers, *target), inplace, backend, reduce_op,
+    return kind(collective, count, flat(buffers, *source), flat(buffers, *target), inplace, backend, reduce_op,
                 result, None, None)  # collective_args.Prepared's fields in their order: no after, no context
-
-
-def _flat(buffers, index: int, start: int, stop: int):
-    array = buffers[index]
-    flat = array if array.ndim == 1 else array.reshape(-1)
-    return flat if start == 0 and stop == flat.size else flat[start:stop]
 
 
 def forget_bound() -> None:

@@ -53,6 +53,9 @@ class CollectiveKind:
     # too (others: a whole number of elements per rank, numpy arrays out of place)
     whole_sizes: bool = False
     bench_algorithms: tuple[str, ...] | None = None  # bench's default (None: every algorithm of it), with auto, native
+    # which of the public function's arrays a blocking call returns, and its runs are kept by (recvbuf;
+    # a broadcast's buf)
+    returned_argument: int = 1
 
     @property
     def given(self) -> str:
@@ -118,7 +121,7 @@ _ENTRIES = (
                    _allgather_promised, reduces=False, blocks=True, bus_factor=_shared,
                    first_input=lambda collective, rank: collective.displacement(rank)),
     CollectiveKind("broadcast", "Bcast", lambda collective, rank, count: (0, count, None), _broadcast_promised,
-                   reduces=False, rooted=True, has_input=False),
+                   reduces=False, rooted=True, has_input=False, returned_argument=0),
     CollectiveKind("reduce", "Reduce",
                    lambda collective, rank, count: (count, count, 0) if rank == collective.root else (count, 0, None),
                    _everywhere, reduces=True, rooted=True),
