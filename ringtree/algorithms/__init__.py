@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..schedule.collectives import kind_of
 from .allgather import bruck_allgather, recursive_doubling_allgather, ring_allgather
 from .alltoall import bruck_alltoall, pairwise_alltoall
 from .broadcast import binomial_broadcast, chain_broadcast, scatter_allgather_broadcast
@@ -118,15 +119,15 @@ def algorithm_of(collective: str, name: str) -> Algorithm:
     """The entry of `name` among `collective`'s algorithms; ValueError naming the known ones."""
     known = REGISTRY.get(collective, {})
     if name not in known:
-        of = "" if collective == "allreduce" else f"{collective} "
+        of = f"{collective} " if kind_of(collective).named else ""
         raise ValueError(f"unknown {of}algorithm {name!r}; known: {', '.join(sorted(known))}")
     return known[name]
 
 
 # Views of the registry by name: allreduce's generators, and every collective's generator names.
-ALGORITHMS = {name: entry.generator for name, entry in REGISTRY["allreduce"].items()}
 GENERATORS = {collective: {name: entry.generator for name, entry in entries.items()}
               for collective, entries in REGISTRY.items()}
+ALGORITHMS = GENERATORS["allreduce"]
 
 
 def add(collective: str, algorithm: Algorithm) -> None:
@@ -134,8 +135,6 @@ def add(collective: str, algorithm: Algorithm) -> None:
     api/registration.py first)."""
     REGISTRY[collective][algorithm.name] = algorithm
     GENERATORS[collective][algorithm.name] = algorithm.generator
-    if collective == "allreduce":
-        ALGORITHMS[algorithm.name] = algorithm.generator
 
 
 def remove(collective: str, name: str) -> None:
@@ -144,8 +143,6 @@ def remove(collective: str, name: str) -> None:
         raise ValueError(f"{name!r} is one of ringtree's own {collective} algorithms; only a program's own go")
     REGISTRY[collective].pop(name, None)
     GENERATORS[collective].pop(name, None)
-    if collective == "allreduce":
-        ALGORITHMS.pop(name, None)
 
 
 def offered(collective: str) -> list[str]:

@@ -52,7 +52,7 @@ def lower_entry(algorithm: Algorithm, shape: Shape) -> Program:
     if shape.stepwise and shape.segment:
         raise ValueError("the stepwise path runs unsegmented schedules only; give segment=0")
     node_aware = shape.topology is not None and algorithm.node_aware
-    arguments = () if shape.collective.name == "allreduce" else (shape.collective,)
+    arguments = (shape.collective,) if shape.collective.kind.given_collective else ()
     schedule = algorithm.generator(shape.nranks, shape.rank, shape.count, *arguments,
                                    **({"topology": shape.topology} if node_aware else {}))
     if shape.segment:

@@ -43,6 +43,7 @@ from ..runtime.stepwise import may_step
 from ..runtime.threads import THREADED
 from ..runtime.transports import transport_for
 from ..runtime.trials import tuned_plan
+from ..schedule.collectives import COLLECTIVES
 from ..tuning.collectives import NATIVE, choose
 from ..tuning.online import Tuner
 from ..tuning.selector import log_choice, select, table
@@ -54,7 +55,6 @@ from .request import Request
 __all__ = ["run"]
 
 NDARRAY = np.ndarray
-ROOTED = ("broadcast", "reduce")
 
 
 def run(name: str, blocking: bool, comm, algorithm, segment, check, timeout, *buffers):
@@ -86,7 +86,7 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
     """run's call, in the thread rules; `kept`: whether the buffers are the caller's own (not arrays
     made for this call, which the call's repeats must not hold, and which are plain arrays already)."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    if len(buffers) == 4 and name == "alltoall":  # given counts: the count matrix, which the repeats' key holds
+    if len(buffers) == 4 and COLLECTIVES[name].matrix:  # given counts: the count matrix, which the repeats' key holds
         buffers = with_count_matrix(comm, algorithm, segment, check, timeout, buffers)
     if name == "allreduce":
         sendbuf, recvbuf, op = buffers
@@ -261,22 +261,23 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     native_ok = timeout is None and backend is NumpyBackend and (reduce_op is None or reduces(dtype, reduce_op))
     compared = current.check if check is None else check
     collective = call.collective
-    matrix = name == "alltoall" and not collective.alike()
-    choice = None if name == "allreduce" else choose(name, nbytes, state.size, algorithm, segment, native_ok, matrix)
+    kind = collective.kind
+    matrix = kind.matrix and not collective.alike()
+    choice = None if kind.modelled else choose(name, nbytes, state.size, algorithm, segment, native_ok, matrix)
     # Ranks that differ on the root may each send and none receive: a wrong result that no message
     # shows. So a rooted call compares its arguments first unless the caller says check=False, or
     # runs where every rank sees every rank's root (a small broadcast or reduce of MPI's own).
-    if (name in ROOTED and check is None and not compared and choice.algorithm == NATIVE
+    if (kind.rooted and check is None and not compared and choice.algorithm == NATIVE
             and nbytes <= ROOTS_SHOWN_MAX and shows_roots(name, reduce_op, dtype, state.size)):
         collective = collective._replace(root=None)  # one plan for every root, which the call checks
     sign, comparison = _signed(name, algorithm, segment, call, state, collective,
-                               compared or (name in ROOTED and collective.root is not None and check is None))
+                               compared or (kind.rooted and collective.root is not None and check is None))
     what = f"{name} on rank {state.rank} of {state.name} ({sign.described()})"
     shape = _Repeat((comm,), (), call, state, sign, None, None, None, None, what, timeout, comparison, None, None)
     if comparison is not None:
         _agree(shape)  # before the plan: making a native one is a collective; online tuning steps on agreed calls
     plan, trial = _plan(state, call, collective, choice, sign, algorithm, segment, current, native_ok, timeout)
-    if name == "allreduce":
+    if sign.root is None and not sign.blocks:  # none to name: the plan's, with the peers it waits for
         what = plan.what
     return shape._replace(plan=plan, what=what, trial=trial)
 
@@ -284,7 +285,7 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
 def _signed(name, algorithm, segment, call, state, collective, compared: bool) -> tuple:
     """(signature, comparison or None) of a call: what agreement.agree compares where `compared`."""
     dtype, op = call.source.dtype, call.reduce_op.value if call.reduce_op is not None else None
-    root = collective.root if name in ROOTED else None
+    root = collective.root if collective.kind.rooted else None
     sign = signature(call.count, dtype, op, algorithm, segment, name, root, collective.counts or None)
     if not compared:
         return sign, None
@@ -316,9 +317,9 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
     if plan.native is not None:
         if blocking:  # a started call starts MPI's nonblocking collective (_start)
             run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root)
-        if run is None and name in ROOTED and plan.native.collective.root is None:  # it shows the roots
+        if run is None and call.collective.kind.rooted and plan.native.collective.root is None:  # it shows the roots
             native, after = showing_roots(state, call, plan.native.op)
-        elif run is None and name != "allreduce":
+        elif run is None:
             native = native_start(call, plan.native.op)
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
@@ -330,13 +331,11 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
     # Untimed: neither a trial, nor compared, nor with a segment or timeout of its own. Not an alltoall
     # given counts, which the public functions do not look up: its counts are exchanged at every call.
     if trial is None and repeat.comparison is None and timeout is None and segment is None and check is None:
-        if kept and (name != "alltoall" or len(buffers) == 2):
+        if kept and (len(buffers) == 2 or not call.collective.kind.matrix):
             nbytes = call.count * call.source.dtype.itemsize
-            if not blocking:  # an allreduce's start has no native start or after of its own to look up
-                start = (partial(_started, plan, state, call.source, call.target, call.inplace, repeat.what, call.result)
-                         if name == "allreduce" else partial(_start, repeat))
-                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, start, None, repeat.what,
-                           None)
+            if not blocking:
+                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, partial(_start, repeat),
+                           None, repeat.what, None)
             elif run is not None or (steps is not None and may_step(state, None)):
                 keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
@@ -362,7 +361,7 @@ def _plan(state, call, collective, choice, sign, algorithm, segment, current, na
                                                   sign, segment, choice.stepwise)
         return plan
 
-    if (collective.name == "allreduce" and algorithm == "auto" and segment is None and state.tuner is not None
+    if (collective.kind.modelled and algorithm == "auto" and segment is None and state.tuner is not None
             and current.algorithm is None
             and not (current.tuning_file and table().match(nbytes, state.size, dtype.name, op, state.topology))):
         plan, trial = tuned_plan(state, call, native_ok, timeout, build)

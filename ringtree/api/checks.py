@@ -8,6 +8,7 @@ import numbers
 from mpi4py import MPI
 
 from ..algorithms import GENERATORS
+from ..schedule.collectives import COLLECTIVES
 
 __all__ = ["check_comm", "check_options", "checked_timeout"]
 
@@ -27,7 +28,7 @@ def check_options(name: str, comm, algorithm, segment, check) -> None:
     known = GENERATORS[name]
     error = None
     if algorithm != "auto" and algorithm not in known:
-        named = "" if name == "allreduce" else f" {name}"
+        named = f" {name}" if COLLECTIVES[name].named else ""
         error = ValueError(f"unknown{named} algorithm {algorithm!r}; use 'auto' or one of {sorted(known)}")
     elif segment is not None and (isinstance(segment, bool) or not isinstance(segment, numbers.Integral) or segment < 1):
         error = ValueError(f"segment must be a positive number of bytes, got {segment!r}")

@@ -83,8 +83,9 @@ def _entry(collective, name, generator, offer_to_auto, node_aware, segment) -> A
         raise ValueError(f"{where}: the name is taken: {name!r} is {taken}")
     if not callable(generator):
         raise ValueError(f"{where}: the generator must be a function (nranks, rank, count"
-                         f"{'' if collective == 'allreduce' else ', collective'}) -> Schedule, not {generator!r}")
-    if node_aware and collective != "allreduce":
+                         f"{', collective' if kind_of(collective).given_collective else ''}) -> Schedule, "
+                         f"not {generator!r}")
+    if node_aware and not kind_of(collective).node_aware:
         raise ValueError(f"{where}: node_aware is an allreduce's (a topology reaches allreduce generators only)")
     if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int) or segment < 1):
         raise ValueError(f"{where}: segment must be a positive number of bytes, got {segment!r}")
@@ -116,7 +117,7 @@ def _shapes(collective: str, name: str) -> Iterator[Shape]:
             yield Shape(name, nranks, 0, count, collective=shape)
         largest, shape = max(calls, key=lambda call: call[0])
         yield Shape(name, nranks, 0, largest, segment=SEGMENT_ELEMENTS, collective=shape)
-        if collective == "allreduce" and nranks > 1:  # what a node-aware generator is given on several nodes
+        if kind.node_aware and nranks > 1:  # what a node-aware generator is given on several nodes
             yield Shape(name, nranks, 0, largest, topology=Topology.placed([nranks - nranks // 2, nranks // 2]))
             if nranks % 2 == 0:
                 yield Shape(name, nranks, 0, largest, topology=Topology.placed([nranks // 2] * 2, "round-robin"))

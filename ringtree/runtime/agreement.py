@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from ..errors import MismatchError, TimeoutError
 from ..ops import ReduceOp
+from ..schedule.collectives import COLLECTIVES
 from ..words import counted
 from .backoff import wait_until
 from .mismatch import Signature, differing
@@ -104,8 +105,8 @@ def agreement_described(state, call: tuple) -> str:
 
 
 def _comparison(collective: str) -> str:
-    """An allreduce compares its arguments in check mode only; a broadcast or reduce by default too."""
-    return "check mode's comparison" if collective == "allreduce" else "the comparison"
+    """A rooted call (broadcast, reduce) compares its arguments by default; the others in check mode only."""
+    return "the comparison" if COLLECTIVES[collective].rooted else "check mode's comparison"
 
 
 def _code(text: str) -> int:

@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from ..errors import MismatchError, PeerFailure
 from ..schedule import OpKind
+from ..schedule.collectives import COLLECTIVES
 from . import reliability
 from .backoff import Backoff
 from .failures import NOT_FAILED, error_classes, failing, job_ends, source, translated, wrong_size
@@ -214,10 +215,17 @@ class InFlight:
                         # Another collective tells the others its signature once stalled: ranks that differ
                         # on its root or blocks may send each other nothing that a tag would show.
                         watch = Watch(execution.state, execution.seq, execution.signature, execution.abandon,
-                                      announce=execution.signature.collective != "allreduce")
+                                      announce=_differs_unseen(execution.signature.collective))
                     watch.look()
         finally:
             waiting[0] = None
+
+
+def _differs_unseen(collective: str) -> bool:
+    """Whether ranks that differ in a call of `collective` (its root or blocks) may send each other
+    nothing that a tag would show."""
+    kind = COLLECTIVES[collective]
+    return kind.rooted or kind.blocks
 
 
 def progress_others() -> bool:

@@ -37,6 +37,7 @@ from mpi4py import MPI
 from ..algorithms import REGISTRY, SHIPPED
 from ..errors import MismatchError
 from ..ops import ReduceOp
+from ..schedule.collectives import COLLECTIVES
 from ..words import counted
 from .backoff import Backoff
 
@@ -107,7 +108,8 @@ def signature(count: int, dtype: np.dtype | str, op: str | None, algorithm: str,
     else:
         char, name = dtype.char if dtype.isnative else "", dtype.name
         kind = _DTYPES.index(char) if char and char in _DTYPES else 18 + _crc(dtype.str) % 14
-    rest = f"{count},{segment}" if collective == "allreduce" else f"{collective},{count},{segment},{root},{blocks}"
+    named = COLLECTIVES[collective].named
+    rest = f"{collective},{count},{segment},{root},{blocks}" if named else f"{count},{segment}"
     names = _ALGORITHMS.get(collective, _MPI_ONLY)
     if algorithm in names:
         coded = names.index(algorithm)

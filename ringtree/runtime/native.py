@@ -355,14 +355,16 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
 
 
 def native_start(call, op):
-    """MPI's own nonblocking collective of a call of another collective than allreduce (`call`, a
-    collective_args.Prepared), as a function of the communicator to start it on: its arguments made
-    once, here, for every call of the repeat."""
+    """MPI's own nonblocking collective of a call (`call`, a collective_args.Prepared), as a function of
+    the communicator to start it on: its arguments made once, here, for every call of the repeat."""
     collective, source, target = call.collective, call.source, call.target
     kind, root, counts = collective.kind, collective.root, list(collective.counts)
     start = getattr(MPI.Intracomm, kind.nonblocking)  # Ireduce_scatter, Ibcast, ...: looked up once, here
     if kind.reduces and kind.blocks:  # Ireduce_scatter: under MPICH faster than Ireduce_scatter_block
         return lambda comm: start(comm, source, target, counts, op)
+    if kind.reduces and not kind.rooted:  # an allreduce
+        sendbuf = MPI.IN_PLACE if call.inplace else source
+        return lambda comm: start(comm, sendbuf, target, op)
     if kind.reduces:  # a reduce
         sendbuf = MPI.IN_PLACE if call.inplace else source
         return lambda comm: start(comm, sendbuf, target if target.size or not source.size else None, op, root)

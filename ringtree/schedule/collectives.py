@@ -56,6 +56,10 @@ class CollectiveKind:
     # which of the public function's arrays a blocking call returns, and its runs are kept by (recvbuf;
     # a broadcast's buf)
     returned_argument: int = 1
+    # messages, logs and signature codes name it (allreduce's, the first collective's, leave it out)
+    named: bool = True
+    given_collective: bool = True  # its generators take (nranks, rank, count, collective), not only the first three
+    node_aware: bool = False  # its generators may take a topology (hierarchical)
 
     @property
     def given(self) -> str:
@@ -112,7 +116,7 @@ def _shared(nranks: int) -> float:
 _ENTRIES = (
     CollectiveKind("allreduce", "Allreduce", lambda collective, rank, count: (count, count, 0), _everywhere,
                    reduces=True, bus_factor=lambda nranks: 2 * (nranks - 1) / nranks, modelled=True, whole_sizes=True,
-                   bench_algorithms=("ring", "tree")),
+                   bench_algorithms=("ring", "tree"), named=False, given_collective=False, node_aware=True),
     CollectiveKind("reduce_scatter", "Reduce_scatter",
                    lambda collective, rank, count: (count, collective.counts[rank], None),
                    _reduce_scatter_promised, reduces=True, blocks=True, bus_factor=_shared),

@@ -46,6 +46,7 @@ from typing import NamedTuple
 from .. import settings
 from ..algorithms import ALGORITHMS, GENERATORS, REGISTRY, SHIPPED, Algorithm, added
 from ..debug import log
+from ..schedule.collectives import COLLECTIVES
 from ..schedule.topology import Topology
 from .model import Params, predict
 from .online import NATIVE
@@ -142,7 +143,7 @@ def _check_collectives(collectives: dict, origin: str) -> None:
     """ValueError unless every rank count of every collective has rules by size for a call MPI's own
     can run and for one it cannot, each naming an algorithm of that collective."""
     for name, by_ranks in collectives.items():
-        if name not in GENERATORS or name == "allreduce":
+        if name not in GENERATORS or COLLECTIVES[name].modelled:  # its rules are the table's own
             raise ValueError(f"{origin}: \"collectives\" names unknown collective {name!r}")
         for nranks, lists in by_ranks.items():
             for kind, known in (("rules", (*GENERATORS[name], NATIVE)), ("without_native", GENERATORS[name])):
@@ -268,5 +269,5 @@ def log_choice(collective: str, choice: Choice, nbytes: int, nranks: int, dtype,
         return
     _logged.add(key)
     log.info("%s %d B %s%s on %d ranks: %s, segment %s, from %s", collective, nbytes, dtype,
-             f" {op}" if collective == "allreduce" else "", nranks, choice.algorithm,
+             "" if COLLECTIVES[collective].named else f" {op}", nranks, choice.algorithm,
              f"{choice.segment} B" if choice.segment else "none", choice.source)
