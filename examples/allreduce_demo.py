@@ -16,8 +16,8 @@ from mpi4py import MPI
 from ringtree.algorithms import ALGORITHMS
 from ringtree.allreduce import allreduce
 from ringtree.ops import parse_op
-from ringtree.runtime.native import reduces
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.engine.native import reduces
+from ringtree.runtime.session.state import comm_state
 from ringtree.schedule import OpKind
 from ringtree.tuning.online import NATIVE, key_of
 from ringtree.tuning.selector import select

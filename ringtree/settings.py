@@ -42,9 +42,9 @@ class Settings:
     tune: str = "online"  # online, cache or off
     cache_dir: str = ""  # where online tuning keeps what it learned; "" until read() fills it in
     stall_warning: float | None = 60.0  # seconds without progress before a warning; None: no warning
-    signatures: bool = True  # calls' signatures in their messages' tags, compared (runtime/mismatch.py)
+    signatures: bool = True  # calls' signatures in their messages' tags, compared (runtime/safety/mismatch.py)
     topology: str = "nodes"  # nodes: learn which ranks share a node; flat: treat all ranks as one node
-    transport: str = "auto"  # how device memory moves: auto, ipc, direct or staged (runtime/transports.py)
+    transport: str = "auto"  # how device memory moves: auto, ipc, direct or staged (runtime/transports/choice.py)
 
 
 class Variable(NamedTuple):

@@ -29,7 +29,7 @@ from ringtree.algorithms import ALGORITHMS
 from ringtree.allreduce import allreduce
 from ringtree.commands.arguments import at_least, format_size, parse_size, size_grid, size_list
 from ringtree.commands.measure import time_in_turns
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.session.state import comm_state
 from ringtree.tuning.selector import select
 
 FLAT = ("ring, rank order", "tree", "recursive_doubling", "rabenseifner", "double_tree")  # nodes not told apart

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from ringtree.allreduce import allreduce
 from ringtree.commands.arguments import format_size, parse_size, size_grid
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.session.state import comm_state
 from ringtree.tuning.online import NATIVE, key_of
 
 

@@ -14,7 +14,7 @@ is in a call on a communicator (threads.enter_call) as well. With
 --nonblocking each call is iallreduce(...).wait() (the engine). With --shared
 the calls come from a second thread, on communicators the first thread set
 up, so that each blocking call ends with every rank confirming it
-(runtime/one_caller.py); "own" is a communicator the second thread set up,
+(runtime/session/one_caller.py); "own" is a communicator the second thread set up,
 whose calls are not confirmed. Online tuning's
 trials are run first. Timing is bench's (turns in shuffled order, medians of the slowest
 rank).
@@ -33,7 +33,9 @@ from ringtree import settings
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.commands.arguments import format_size, parse_size
 from ringtree.commands.measure import time_in_turns
-from ringtree.runtime import engine, in_flight, one_caller
+from ringtree.runtime.engine import in_flight
+from ringtree.runtime.engine import pipelined as engine
+from ringtree.runtime.session import one_caller
 
 WARM_UP = 60  # calls per size and algorithm: past online tuning's trials
 LOCK, NO_LOCK = in_flight.LOCK, contextlib.nullcontext()

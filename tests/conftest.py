@@ -69,7 +69,7 @@ def assert_everywhere(comm, failures):
 
 
 def ipc_failures(ipc, peers) -> list[str]:
-    """What is wrong with a communicator's IPC transport `ipc` (runtime/ipc.py, or None), which should
+    """What is wrong with a communicator's IPC transport `ipc` (runtime/transports/ipc.py, or None), which should
     reach exactly `peers` and, where it reaches any, have carried messages."""
     if (sorted(ipc.peers) if ipc else []) != sorted(peers):
         return [f"IPC peers {ipc and sorted(ipc.peers)}, expected {sorted(peers)}"]

@@ -24,9 +24,9 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from ringtree.runtime import backend as backends
-from ringtree.runtime.backend import NumpyBackend
-from ringtree.runtime.ipc import HANDLE_BYTES, Allocation
+from ringtree.runtime.transports import backend as backends
+from ringtree.runtime.transports.backend import NumpyBackend
+from ringtree.runtime.transports.ipc import HANDLE_BYTES, Allocation
 
 ARENA_BYTES = 32 << 20  # sparse, but CI machines may give /dev/shm little room
 ALIGN = 256

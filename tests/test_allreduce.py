@@ -11,7 +11,7 @@ from ringtree.algorithms import ALGORITHMS as CATALOGUE
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.errors import TimeoutError
 from ringtree.ops import ReduceOp, check_dtype
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.session.state import comm_state
 from ringtree.tuning.online import MAX_SCHEDULES, TRIALS_SMALL
 
 pytestmark = pytest.mark.mpi

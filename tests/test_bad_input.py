@@ -7,7 +7,7 @@ from mpi4py import MPI
 import ringtree
 from conftest import assert_everywhere
 from ringtree.allreduce import allreduce, iallreduce
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.session.state import comm_state
 
 pytestmark = pytest.mark.mpi
 

@@ -215,7 +215,7 @@ def test_pairwise_alltoall_of_a_matrix_of_counts_on_2_to_16_ranks(nranks):
         count = sum(collective.counts)
         for segment in (0, 1, 4):
             verify("pairwise", nranks, count, segment=segment, collective=collective)
-        # Staged (device memory) plans never run stepwise: their backends are asynchronous (runtime/plan.py).
+        # Staged (device memory) plans never run stepwise: their backends are asynchronous (runtime/session/plan.py).
         verify_schedules(allreduce_schedules("pairwise", nranks, count, staged=True, collective=collective),
                          stepwise=False)
 

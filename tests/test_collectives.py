@@ -14,8 +14,8 @@ import ringtree
 from conftest import assert_everywhere, same_on_all_ranks
 from ringtree.algorithms import GENERATORS
 from ringtree.ops import ReduceOp, check_dtype, parse_op
-from ringtree.runtime.backend import NumpyBackend
-from ringtree.runtime.native import reduces
+from ringtree.runtime.engine.native import reduces
+from ringtree.runtime.transports.backend import NumpyBackend
 
 pytestmark = pytest.mark.mpi
 

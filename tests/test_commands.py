@@ -131,7 +131,7 @@ def test_without_the_variable_nothing_is_recorded():
     import numpy as np
 
     from ringtree.allreduce import allreduce
-    from ringtree.runtime import timeline
+    from ringtree.runtime.engine import timeline
     assert "RINGTREE_TIMELINE" not in os.environ
     allreduce(np.ones(1000), segment=800)
     assert not timeline.ACTIVE and not timeline._events

@@ -7,7 +7,7 @@ import sys
 import pytest
 from mpi4py import MPI
 
-from ringtree.runtime.cuda import detect, loaded_mpi_library
+from ringtree.runtime.transports.cuda import detect, loaded_mpi_library
 
 pytestmark = pytest.mark.mpi  # so that it runs under each MPI the suite covers
 
@@ -38,7 +38,7 @@ def test_a_library_that_cannot_tell_is_taken_as_not_cuda_aware():
 @pytest.mark.slow
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="runs a process of its own")
 def test_the_answer_is_logged_once_with_ringtree_debug():
-    code = "from ringtree.runtime.cuda import cuda_support; cuda_support(); print(cuda_support().aware)"
+    code = "from ringtree.runtime.transports.cuda import cuda_support; cuda_support(); print(cuda_support().aware)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "RINGTREE_DEBUG": "1", "RINGTREE_CUDA_AWARE": "1"})
     assert run.returncode == 0, run.stderr

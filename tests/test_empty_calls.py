@@ -11,7 +11,7 @@ import pytest
 
 import ringtree
 from conftest import assert_everywhere
-from ringtree.runtime.mismatch import ranks_text
+from ringtree.runtime.safety.mismatch import ranks_text
 
 pytestmark = pytest.mark.mpi
 

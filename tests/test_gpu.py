@@ -22,10 +22,10 @@ from conftest import assert_everywhere, ipc_failures, value_bits
 from ringtree import settings
 from ringtree.allreduce import allreduce, iallreduce
 from ringtree.ops import ReduceOp
-from ringtree.runtime.backend import cupy_backend
-from ringtree.runtime.cuda import cuda_support
-from ringtree.runtime.state import comm_state
-from ringtree.runtime.transports import transport_for
+from ringtree.runtime.session.state import comm_state
+from ringtree.runtime.transports.backend import cupy_backend
+from ringtree.runtime.transports.choice import transport_for
+from ringtree.runtime.transports.cuda import cuda_support
 
 cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
 

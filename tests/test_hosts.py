@@ -16,9 +16,9 @@ import ringtree
 from conftest import assert_everywhere, ipc_failures, same_on_all_ranks
 from ringtree import settings
 from ringtree.algorithms import ALGORITHMS, GENERATORS
-from ringtree.runtime.in_flight import IN_FLIGHT
-from ringtree.runtime.remote_sends import REMOTE_SENDS
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.engine.in_flight import IN_FLIGHT
+from ringtree.runtime.session.state import comm_state
+from ringtree.runtime.transports.remote_sends import REMOTE_SENDS
 from ringtree.schedule.topology import Topology
 
 LAYOUT = os.environ.get("CLUSTER_LAYOUT")

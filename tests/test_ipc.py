@@ -1,4 +1,4 @@
-"""The IPC transport (runtime/ipc.py) under mpiexec, on a device without a GPU (tests/fake_device.py):
+"""The IPC transport (runtime/transports/ipc.py) under mpiexec, on a device without a GPU (tests/fake_device.py):
 every collective's every algorithm against MPI's own, the registration cache and its invalidation,
 the choice of transport per peer, and ranks that differ in their arrays. tests/test_hosts.py runs
 it across emulated hosts, where only the ranks of one host use IPC."""
@@ -15,10 +15,10 @@ from conftest import assert_everywhere, ipc_failures
 from ringtree import settings
 from ringtree.algorithms import ALGORITHMS
 from ringtree.errors import MismatchError
-from ringtree.runtime.backend import NumpyBackend
-from ringtree.runtime.ipc import RETIRED_PER_HEADER, IpcTransport
-from ringtree.runtime.state import comm_state
-from ringtree.runtime.transports import transport_for
+from ringtree.runtime.session.state import comm_state
+from ringtree.runtime.transports.backend import NumpyBackend
+from ringtree.runtime.transports.choice import transport_for
+from ringtree.runtime.transports.ipc import RETIRED_PER_HEADER, IpcTransport
 
 pytestmark = pytest.mark.mpi
 register()

@@ -126,7 +126,7 @@ def test_the_public_api_is_a_package_and_the_top_the_foundation():
 
 def test_every_algorithm_has_one_registry_entry_and_fits_the_signature():
     from ringtree.algorithms import ALGORITHMS, GENERATORS, REGISTRY, SHIPPED
-    from ringtree.runtime.mismatch import PROGRAMS
+    from ringtree.runtime.safety.mismatch import PROGRAMS
 
     for collective, entries in REGISTRY.items():
         assert all(entry.name == name for name, entry in entries.items())
@@ -163,17 +163,42 @@ def test_every_collective_goes_one_call_path():
     builders = {name for name in MODULES if any("build_plan" in calls for calls in _calls_in(name).values())}
     assert builders == {"ringtree.api.call_path"}
     makers = {name for name in MODULES if any("Plan" in calls for calls in _calls_in(name).values())}
-    assert makers == {"ringtree.runtime.plan"}
+    assert makers == {"ringtree.runtime.session.plan"}
     checkers = {name for name in MODULES if any("checked_call" in calls for calls in _calls_in(name).values())}
     assert checkers <= {"ringtree.api.call_path", "ringtree.api.collectives", "ringtree.api.persistent"}  # the last two: *_init
 
 
 def test_every_wait_backs_off_in_one_place():
-    # Rule 7: only the one back-off sleeps or yields the core; the progress thread and the stall
-    # watchdog, threads of their own that wait for nothing of a call's, nap on their own clocks.
+    # Rule 7: only the one back-off sleeps or yields the core (the progress thread's polls too); the stall
+    # watchdog, a thread of its own that waits for nothing, naps on its own clock.
     sleepers = {name for name in MODULES if not name.startswith("ringtree.commands")
                 and any({"sleep", "sched_yield"} & calls for calls in _calls_in(name).values())}
-    assert sleepers == {"ringtree.runtime.backoff", "ringtree.runtime.progress", "ringtree.runtime.stalls"}
+    assert sleepers == {"ringtree.runtime.safety.backoff", "ringtree.runtime.safety.stalls"}
+
+
+# runtime/'s rooms, each importing only from those before it (runtime/__init__.py says what each holds)
+ROOMS = ["safety", "transports", "engine", "session", "checks"]
+
+
+def test_the_runtime_s_rooms_import_one_way_and_hold_every_module():
+    runtime = PACKAGE / "runtime"
+    assert sorted(path.name for path in runtime.iterdir() if path.name != "__pycache__") == sorted(
+        ["__init__.py", *ROOMS])
+    backwards = []
+    for name in MODULES:
+        parts = name.split(".")
+        if parts[1:2] != ["runtime"] or len(parts) < 3:
+            continue
+        room = ROOMS.index(parts[2])
+        backwards += [(name, module) for module in _imports(name) if module.startswith("ringtree.runtime.")
+                      and ROOMS.index(module.split(".")[2]) > room]
+    assert backwards == []
+
+
+def test_every_directory_of_modules_is_a_package_that_an_install_takes():
+    # setup.cfg finds packages (directories with __init__.py): a directory without one is left out of a wheel
+    directories = {path.parent for path in PACKAGE.rglob("*.py")}
+    assert [str(directory) for directory in directories if not (directory / "__init__.py").exists()] == []
 
 
 @pytest.mark.parametrize("name", MODULES)

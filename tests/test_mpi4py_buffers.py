@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import ringtree
 from conftest import assert_everywhere, same_on_all_ranks
-from ringtree.runtime.native import reduces
+from ringtree.runtime.engine.native import reduces
 
 pytestmark = pytest.mark.mpi
 
@@ -300,7 +300,7 @@ def test_a_mismatch_the_progress_thread_found_is_raised_by_the_requests_own_wait
 @pytest.mark.parametrize("kind", [MPI.SUM, MPI.MAX, ringtree.ops.ReduceOp.AVG])
 def test_a_persistent_allreduce_that_settles_on_mpis_own_binds_its_persistent_request_and_stays_right(comm, kind,
                                                                                                        in_place):
-    from ringtree.runtime.shapes import SHAPES
+    from ringtree.runtime.session.shapes import SHAPES
 
     private = comm.Dup()  # a state of its own: the shapes its calls settle on are this test's
     rank, size = private.Get_rank(), private.Get_size()

@@ -12,8 +12,9 @@ import ringtree
 from conftest import assert_everywhere, run_mpiexec, same_on_all_ranks
 from ringtree import settings
 from ringtree.algorithms import ALGORITHMS
-from ringtree.runtime import again, native
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.engine import native
+from ringtree.runtime.session import again
+from ringtree.runtime.session.state import comm_state
 from ringtree.tuning import cache
 from ringtree.tuning.model import Params
 from ringtree.tuning.online import (

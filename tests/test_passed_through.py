@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 import ringtree
 from conftest import assert_everywhere, run_mpiexec
+from ringtree.runtime.session.state import comm_state
 
 one_rank_only = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 PAIR = np.dtype([("value", "f8"), ("rank", "i4")], align=True)  # MPI.DOUBLE_INT's layout
@@ -106,7 +107,7 @@ def test_a_communicators_calls_mpi_computes_give_mpis_results_and_are_ringtree_c
         for root in range(size):
             computed.Reduce(data, np.zeros(6), MPI.MAX, root)
         computed.Ireduce_scatter_block(data[:6 // size * size], np.zeros(6 // size), MPI.MAX).Wait()
-        calls, expected = ringtree.runtime.state.comm_state(rt).calls, ringtree.runtime.state.comm_state(computed).calls
+        calls, expected = comm_state(rt).calls, comm_state(computed).calls
         if calls != expected:
             failures.append(f"{calls} calls counted, {expected} of an op ringtree computes")
         computed.Free()

@@ -81,12 +81,12 @@ MISMATCHES = """
     import numpy as np
     from mpi4py import MPI
     import ringtree
-    import ringtree.runtime.stepwise
+    import ringtree.runtime.engine.stepwise
     from ringtree.algorithms import ALGORITHMS
     from ringtree.allreduce import allreduce
     world, kind = MPI.COMM_WORLD, sys.argv[1]
-    if sys.argv[2:] == ["probe first"]:  # as under an MPI that truncates unsafely (runtime/stepwise.py)
-        ringtree.runtime.stepwise.PROBE_FIRST = True
+    if sys.argv[2:] == ["probe first"]:  # as under an MPI that truncates unsafely (runtime/engine/stepwise.py)
+        ringtree.runtime.engine.stepwise.PROBE_FIRST = True
     rank, odd = world.Get_rank(), world.Get_size() - 1
     for algorithm in ["auto", *ALGORITHMS]:
         for count in (4, 300_000):
@@ -149,7 +149,7 @@ def test_with_signatures_off_small_repeats_are_still_kept_bound_and_right(monkey
     """Without signatures no call's end is confirmed (one_caller.py), so the wait for the first call's
     confirmation before keeping a run bound (again.keep_again) must not apply: repeats on the same
     small arrays still run bound to them, each result MPI's own."""
-    from ringtree.runtime.again import AGAIN
+    from ringtree.runtime.session.again import AGAIN
 
     monkeypatch.setenv("RINGTREE_SIGNATURES", "0")
     ringtree.settings.reload()
@@ -545,7 +545,7 @@ def test_a_stall_in_one_thread_warns_while_another_thread_is_not_stalled():
 
 def test_signatures_tell_apart_every_dtype_op_and_algorithm_and_tags_fit_the_mpi():
     from ringtree.ops import ReduceOp
-    from ringtree.runtime.mismatch import TagLayout, signature
+    from ringtree.runtime.safety.mismatch import TagLayout, signature
     dtypes = [np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"] + [np.dtype(">f4")]
     codes = {signature(10, d, "sum", "auto", None).code for d in dtypes}
     assert len(codes) == len(dtypes)

@@ -13,10 +13,10 @@ from mpi4py import MPI
 from ringtree.algorithms import ALGORITHMS
 from ringtree.api.request import Request
 from ringtree.ops import ReduceOp
-from ringtree.runtime.backend import NumpyBackend
-from ringtree.runtime.mismatch import signature
-from ringtree.runtime.plan import build_plan
-from ringtree.runtime.state import comm_state
+from ringtree.runtime.safety.mismatch import signature
+from ringtree.runtime.session.plan import build_plan
+from ringtree.runtime.session.state import comm_state
+from ringtree.runtime.transports.backend import NumpyBackend
 from ringtree.schedule import OpKind
 from ringtree.schedule.ir import ALLREDUCE
 from ringtree.schedule.pipeline import segmented

@@ -96,7 +96,7 @@ HAMMER = """
 @pytest.mark.parametrize("nranks", [2, 3, 4, 8])
 def test_threads_on_communicators_of_their_own_get_right_results_and_wait_on_each_others_requests(nranks):
     # A job of its own: once a second thread has called, no ringtree call in the process waits inside
-    # MPI any more (runtime/threads.py), which the other tests should not run under.
+    # MPI any more (runtime/safety/threads.py), which the other tests should not run under.
     run = run_mpiexec(nranks, "-c", textwrap.dedent(HAMMER), os.path.dirname(__file__), timeout=260)
     assert run.returncode == 0, run.stdout + run.stderr
 
@@ -166,7 +166,7 @@ TAKING_TURNS = """
     from mpi4py import MPI
     import ringtree
     from ringtree.allreduce import allreduce
-    from ringtree.runtime.state import existing_state
+    from ringtree.runtime.session.state import existing_state
     comm = MPI.COMM_WORLD.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
     wrong, errors, confirmed = [], [], []
@@ -201,7 +201,7 @@ TAKING_TURNS = """
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_threads_that_take_turns_on_one_communicator_in_the_same_order_on_every_rank_get_right_results(nranks):
-    # Each hand-over to another thread has its next 64 calls confirmed (runtime/one_caller.py), no more.
+    # Each hand-over to another thread has its next 64 calls confirmed (runtime/session/one_caller.py), no more.
     _every_rank_says(nranks, TAKING_TURNS, "0 wrong of 130; confirmed [0, 20, 64, 20]", "every rank")
 
 
@@ -251,7 +251,7 @@ HANDED_ON = """
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_small_call_while_another_thread_waits_on_a_request_on_its_communicator_takes_none_of_its_messages(nranks):
     # A small blocking call runs a step at a time only once no collective of the engine runs: its
-    # receives take any tag, and would take the request's messages (runtime/stepwise.py).
+    # receives take any tag, and would take the request's messages (runtime/engine/stepwise.py).
     _every_rank_says(nranks, HANDED_ON, "0 wrong of 600")
 
 
@@ -259,7 +259,7 @@ def test_a_small_call_while_another_thread_waits_on_a_request_on_its_communicato
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1, reason="starts its own mpiexec; run on one rank")
 def test_ranks_where_different_numbers_of_threads_call_on_a_communicator_are_told_so():
     # Rank 0 hands its calls to other threads, rank 1 makes them itself: rank 0 then confirms each
-    # call's end (runtime/one_caller.py) and rank 1 would not, which both must hear of.
+    # call's end (runtime/session/one_caller.py) and rank 1 would not, which both must hear of.
     _every_rank_says(2, TAKING_TURNS, "ringtree allreduce on rank", "rank 0 only")
     run = run_mpiexec(2, "-c", textwrap.dedent(TAKING_TURNS), "rank 0 only", timeout=120)
     assert run.stdout.count("a call of another thread on it among the last calls: yes on rank 0; no on rank 1") == 2, \

@@ -22,8 +22,8 @@ from ringtree.algorithms.allgather import ring_allgather
 from ringtree.algorithms.ring import ring_allreduce
 from ringtree.api.registration import unregister_algorithm
 from ringtree.errors import MismatchError
-from ringtree.runtime.mismatch import signature
-from ringtree.runtime.state import existing_state
+from ringtree.runtime.safety.mismatch import signature
+from ringtree.runtime.session.state import existing_state
 from ringtree.schedule import INPUT, OUTPUT, Ref, ScheduleBuilder, even_chunks
 from ringtree.tuning import selector
 from ringtree.tuning.model import Params

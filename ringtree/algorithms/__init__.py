@@ -46,7 +46,7 @@ class Algorithm:
     # link idle while its go-ahead waits behind the data queued there (docs/design.md, "Pipelining").
     receives_ahead: bool = False
     # Up to this many bytes a blocking call of its unsplit schedule may run a step at a time
-    # (runtime/stepwise.py); trees send to several ranks at once, which a step at a time serialises.
+    # (runtime/engine/stepwise.py); trees send to several ranks at once, which a step at a time serialises.
     stepwise_max: int = 256 << 10
     # Bytes per segment where a call names the algorithm without a segment (and, for allreduce, the
     # tuning table has none): pipelining pays once a message is several segments long.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ..ops import named_defaults
-from ..runtime.again import AGAIN, MISSED
+from ..runtime.session.again import AGAIN, MISSED
 from .call_path import run
 from .request import Request
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from ..runtime.backend import backend_for
+from ..runtime.transports.backend import backend_for
 from .allreduce import Request, iallreduce
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb

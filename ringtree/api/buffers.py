@@ -19,7 +19,7 @@ from mpi4py.util import dtlib
 
 from .. import tensors
 from ..ops import op_name, parse_op
-from ..runtime.backend import REGISTERED, NoDevice, backend_for, cupy_backend
+from ..runtime.transports.backend import REGISTERED, NoDevice, backend_for, cupy_backend
 from ..tensors import is_tensor
 from ..words import counted
 

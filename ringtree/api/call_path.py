@@ -16,17 +16,19 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import known_op
-from ..runtime import agreement
-from ..runtime.again import AGAIN, keep_again, keep_new_result, may_keep, steps_runner
-from ..runtime.backend import NumpyBackend
-from ..runtime.empty import EmptyCall
-from ..runtime.in_flight import IN_FLIGHT
-from ..runtime.mismatch import Signature, signature
-from ..runtime.native import NativeInFlight, native_runner, native_start, reduces, run_native, run_started, start_native
-from ..runtime.one_caller import in_call
-from ..runtime.plan import build_plan
-from ..runtime.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
-from ..runtime.shapes import (
+from ..runtime.checks import agreement
+from ..runtime.engine.empty import EmptyCall
+from ..runtime.engine.in_flight import IN_FLIGHT
+from ..runtime.engine.native import NativeInFlight, native_runner, native_start, reduces, run_native, run_started, start_native
+from ..runtime.engine.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
+from ..runtime.engine.stepwise import may_step
+from ..runtime.safety.mismatch import Signature, signature
+from ..runtime.safety.stalls import watched
+from ..runtime.safety.threads import THREADED
+from ..runtime.session.again import AGAIN, keep_again, keep_new_result, may_keep, steps_runner
+from ..runtime.session.one_caller import in_call
+from ..runtime.session.plan import build_plan
+from ..runtime.session.shapes import (
     REPEATS,
     REPEATS_MAX,
     SHAPES,
@@ -37,12 +39,10 @@ from ..runtime.shapes import (
     seen_before,
     shape_key,
 )
-from ..runtime.small import confirm_end
-from ..runtime.stalls import watched
-from ..runtime.stepwise import may_step
-from ..runtime.threads import THREADED
-from ..runtime.transports import transport_for
-from ..runtime.trials import tuned_plan
+from ..runtime.session.small import confirm_end
+from ..runtime.session.trials import tuned_plan
+from ..runtime.transports.backend import NumpyBackend
+from ..runtime.transports.choice import transport_for
 from ..schedule.collectives import COLLECTIVES
 from ..tuning.collectives import NATIVE, choose
 from ..tuning.online import Tuner
@@ -230,7 +230,7 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
             and transport_for(state, call.backend) is None):
         return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
-    if call.count == 0 and state.size > 1:  # no message to show the call: the ranks compare it (runtime/empty.py)
+    if call.count == 0 and state.size > 1:  # no message to show the call: the ranks compare it (runtime/engine/empty.py)
         return _Done(_empty(name, blocking, algorithm, segment, check, timeout, call, state, current))
     key_of_shape = None
     if call.backend is NumpyBackend and call.context is None:
@@ -296,7 +296,7 @@ def _signed(name, algorithm, segment, call, state, collective, compared: bool) -
 
 
 def _empty(name, blocking, algorithm, segment, check, timeout, call, state, current):
-    """A call with no element on any rank (runtime/empty.py): its result, or its Request. Compared first
+    """A call with no element on any rank (runtime/engine/empty.py): its result, or its Request. Compared first
     in check mode, as any call."""
     sign, comparison = _signed(name, algorithm, segment, call, state, call.collective,
                                current.check if check is None else check)

@@ -13,13 +13,13 @@ from mpi4py import MPI
 
 from .. import settings, tensors
 from ..ops import ReduceOp, check_dtype, parse_op
-from ..runtime.again import AGAIN
-from ..runtime.backend import Backend, NoDevice, NumpyBackend, backend_for
-from ..runtime.counts import count_matrix
-from ..runtime.refusal import refusing
-from ..runtime.shapes import forget_bound
-from ..runtime.state import comm_state
-from ..runtime.threads import note_thread
+from ..runtime.checks.refusal import refusing
+from ..runtime.safety.threads import note_thread
+from ..runtime.session.again import AGAIN
+from ..runtime.session.counts import count_matrix
+from ..runtime.session.shapes import forget_bound
+from ..runtime.session.state import comm_state
+from ..runtime.transports.backend import Backend, NoDevice, NumpyBackend, backend_for
 from ..schedule.ir import ALLREDUCE, Collective, blocks
 from ..words import counted
 from .buffers import as_array
@@ -183,7 +183,7 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
 
 def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Prepared:
     """An alltoall's arrays; `counts`: None for blocks alike, else the matrix the ranks' counts make
-    (counts_of, then runtime/counts.py)."""
+    (counts_of, then runtime/session/counts.py)."""
     inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
     if inplace and recvbuf is None:
         raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")
@@ -331,7 +331,7 @@ def checked(name: str, comm, timeout, prepare):
 
 def with_count_matrix(comm, algorithm, segment, check, timeout, buffers) -> tuple:
     """An alltoall's (sendbuf, recvbuf, sendcounts, recvcounts) as (sendbuf, recvbuf, the count matrix):
-    the counts checked on this rank, then exchanged and compared (runtime/counts.py)."""
+    the counts checked on this rank, then exchanged and compared (runtime/session/counts.py)."""
     sendbuf, recvbuf = buffers[:2]
     (sent, received), state, _, timeout = checked("alltoall", comm, timeout,
                                                   partial(counts_of, comm, algorithm, segment, check, *buffers))

@@ -15,9 +15,9 @@ from functools import partial
 from mpi4py import MPI
 
 from ..ops import named_defaults
-from ..runtime.again import AGAIN, MISSED
-from ..runtime.one_caller import in_call
-from ..runtime.refusal import refusing
+from ..runtime.checks.refusal import refusing
+from ..runtime.session.again import AGAIN, MISSED
+from ..runtime.session.one_caller import in_call
 from .call_path import run
 from .checks import checked_timeout
 from .collective_args import checked_call, with_count_matrix

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ..ops import named_defaults
-from ..runtime.refusal import refusing
+from ..runtime.checks.refusal import refusing
 from . import collectives
 from .allreduce import allreduce, iallreduce
 from .converted import passed_through

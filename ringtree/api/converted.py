@@ -1,7 +1,7 @@
 """An allreduce of buffers that are not plain arrays (tensors, buffer specifications, DLPack, ...), turned
 into arrays on the same memory (buffers.py); and every call that MPI's own collective computes for
 ringtree (a user-defined op, MAXLOC, a derived datatype, displacements with gaps), as a ringtree call:
-its arguments and settings checked, counted, with its signature (runtime/passed_through.py)."""
+its arguments and settings checked, counted, with its signature (runtime/engine/passed_through.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from .. import tensors
 from ..algorithms import GENERATORS
 from ..debug import configure_debug_logging, log
 from ..ops import MPI_OP, ReduceOp, op_name, parse_op
-from ..runtime.backend import NoDevice
-from ..runtime.mismatch import signature
-from ..runtime.one_caller import in_call
-from ..runtime.passed_through import PassedThrough
-from ..runtime.refusal import refusing
-from ..runtime.small import confirm_end
+from ..runtime.checks.refusal import refusing
+from ..runtime.engine.passed_through import PassedThrough
+from ..runtime.safety.mismatch import signature
+from ..runtime.session.one_caller import in_call
+from ..runtime.session.small import confirm_end
+from ..runtime.transports.backend import NoDevice
 from .buffers import converted, datatype_name, numpy_dtype, passes_through
 from .checks import check_comm, check_options
 from .collective_args import checked

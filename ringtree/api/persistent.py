@@ -10,10 +10,10 @@ from mpi4py import MPI
 
 from .. import settings
 from ..ops import known_op, named_defaults
-from ..runtime.backend import NoDevice
-from ..runtime.native import MPICollective, NativeInFlight, native_plan
-from ..runtime.one_caller import in_call
-from ..runtime.refusal import refusing
+from ..runtime.checks.refusal import refusing
+from ..runtime.engine.native import MPICollective, NativeInFlight, native_plan
+from ..runtime.session.one_caller import in_call
+from ..runtime.transports.backend import NoDevice
 from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
 from .checks import checked_timeout

@@ -20,7 +20,7 @@ writes may name it).
 Registration is per process, and every rank must make the same: register at import, like the rest of
 the program's code. A communicator's first call compares the ranks' registrations (with the tuning
 table, tuning/selector.identity), and each call's signature holds its algorithm's name and where its
-generator is defined (runtime/mismatch.py): a rank that registered otherwise is a MismatchError.
+generator is defined (runtime/safety/mismatch.py): a rank that registered otherwise is a MismatchError.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ from mpi4py import MPI
 
 from ..debug import log
 from ..errors import TimeoutError
-from ..runtime import progress
-from ..runtime.backoff import wait_until
-from ..runtime.engine import Execution
-from ..runtime.in_flight import progress_others
-from ..runtime.native import NativeInFlight
-from ..runtime.stalls import watched
-from ..runtime.threads import note_thread
+from ..runtime.engine import progress
+from ..runtime.engine.in_flight import progress_others
+from ..runtime.engine.native import NativeInFlight
+from ..runtime.engine.pipelined import Execution
+from ..runtime.safety.backoff import wait_until
+from ..runtime.safety.stalls import watched
+from ..runtime.safety.threads import note_thread
 
 __all__ = ["Request", "MPIRequest", "MPIOwn"]
 
@@ -74,7 +74,7 @@ class Request:
 class MPIRequest(MPI.Grequest):
     """A ringtree Request that is also an mpi4py request (a generalized request, MPI_Grequest_start):
     MPI.Request.Waitall, Waitany, Testall, ... take it beside MPI's own. While one waits inside MPI,
-    where no ringtree call progresses the collective, the progress thread (runtime/progress.py)
+    where no ringtree call progresses the collective, the progress thread (runtime/engine/progress.py)
     moves it and completes the generalized request. Its own Wait and Test progress it as a Request's."""
 
     def __new__(cls, request: Request) -> MPIRequest:

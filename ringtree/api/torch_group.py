@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ..runtime.reliability import check_given_up
-from ..runtime.state import comm_state
+from ..runtime.safety.reliability import check_given_up
+from ..runtime.session.state import comm_state
 from .allreduce import allreduce, iallreduce
 from .collectives import (
     allgather,
@@ -298,7 +298,7 @@ class ProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None) -> Work:
         # An allreduce of nothing: every rank tells every other it is there, and waits for their word
-        # (runtime/empty.py), under the group's timeout, which MPI's own barrier would not keep.
+        # (runtime/engine/empty.py), under the group's timeout, which MPI's own barrier would not keep.
         return self._work([self._run(opts, "allreduce", _NOTHING)], None)
 
     # The checks every call makes before it starts anything.

@@ -9,7 +9,7 @@ calling into ringtree, for C++ code (DDP's reducer) waits on it with no Python r
 - a work on host tensors is waited for at once, in the calling thread: on the CPU the ranks have
   a core each, which the backward pass needs; a thread spinning beside it cost DDP more than the
   overlap gave (docs/training.md);
-- a work on CUDA tensors goes to the progress thread (runtime/progress.py), which waits for it as
+- a work on CUDA tensors goes to the progress thread (runtime/engine/progress.py), which waits for it as
   it does for a Communicator's MPI requests, while the calling thread goes on queueing the GPU's
   work. The thread takes a work only when no other thread is waiting on it.
 Either sets the Future's result, or its exception.
@@ -22,7 +22,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ..runtime import progress
+from ..runtime.engine import progress
 from .request import Request
 
 __all__ = ["Work"]

@@ -42,9 +42,9 @@ from ..algorithms import ALGORITHMS, GENERATORS
 from ..api import collectives
 from ..api.allreduce import allreduce
 from ..ops import MPI_OP, ReduceOp, check_dtype, parse_op
-from ..runtime.backend import NoDevice, cupy_backend
-from ..runtime.cuda import cuda_support
-from ..runtime.state import existing_state
+from ..runtime.session.state import existing_state
+from ..runtime.transports.backend import NoDevice, cupy_backend
+from ..runtime.transports.cuda import cuda_support
 from ..tuning.online import NATIVE
 from ..words import counted
 from .arguments import (
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     counts, rounded = whole_elements(sizes_from_args(args), dtype, shares, "" if kind.whole_sizes else (
         f"in {name}'s {shares} shares" if name in UNEVEN else f"per rank on {counted(size, 'rank')}"))
     if rank == 0:
-        print(f"# ringtree bench{'' if kind.modelled else ' ' + name}: {counted(size, 'rank')}, {dtype}"
+        print(f"# ringtree bench{' ' + name if kind.named else ''}: {counted(size, 'rank')}, {dtype}"
               + (f", {op.value}" if redop is not None else "")
               + (f", {'in place' if args.inplace else 'out of place'}" if kind.whole_sizes else "")
               + f", {'CuPy arrays, ' if args.cupy else ''}{MPI.Get_library_version().splitlines()[0].strip()}"

@@ -41,7 +41,7 @@ from mpi4py import MPI
 
 from ..algorithms import ALGORITHMS
 from ..api.allreduce import allreduce
-from ..runtime.state import comm_state
+from ..runtime.session.state import comm_state
 from ..sim.calibration import (
     FITTED,
     FORMAT,

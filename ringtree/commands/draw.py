@@ -91,7 +91,7 @@ def _nbytes(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> None:
     segment = max(1, args.segment // args.itemsize) if args.segment else 0
-    name = args.algorithm if COLLECTIVES[args.collective].modelled else f"{args.collective}-{args.algorithm}"
+    name = f"{args.collective}-{args.algorithm}" if COLLECTIVES[args.collective].named else args.algorithm
     output = args.output or f"{name}.svg"
     draw(args.algorithm, args.ranks, _nbytes(args) // args.itemsize, output,
          segment=segment, collective=args.collective, root=args.root, topology=topology_from(args, args.ranks))
@@ -148,7 +148,7 @@ def draw(algorithm: str, nranks: int, count: int, output: str, segment: int = 0,
     ax.set_xlabel("steps (a message takes one)")
     sent = result.bytes_sent
     kind = COLLECTIVES[collective]
-    what = algorithm if kind.modelled else f"{collective} {algorithm}" + (f" from root {root}" if kind.rooted else "")
+    what = (f"{collective} {algorithm}" + (f" from root {root}" if kind.rooted else "")) if kind.named else algorithm
     ax.set_title(f"{what}, {counted(nranks, 'rank')}" + (f" ({topology})" if nodes else "")
                  + f", {counted(count, 'element')}\n{result.time:g} step{'' if result.time == 1 else 's'}; "
                  f"elements sent per rank {min(sent)}"

@@ -47,7 +47,7 @@ from mpi4py import MPI
 from .. import settings
 from ..algorithms import GENERATORS, REGISTRY, SHIPPED, offered
 from ..ops import ReduceOp
-from ..runtime.state import cache_identity, comm_state
+from ..runtime.session.state import cache_identity, comm_state
 from ..schedule.collectives import COLLECTIVES
 from ..tuning import cache
 from ..tuning.model import fit, fit_error

@@ -47,7 +47,7 @@ class CollectiveKind:
     # busbw / algbw, as nccl-tests has it: what each rank's links carry of the size, at best, of nranks
     bus_factor: Callable = lambda nranks: 1.0
     # Tuned by the α-β-γ model fitted to its algorithms, per segment, and online (others: a table of their
-    # whole grid); its algorithms go by their bare names in titles and files (others: with its name)
+    # whole grid)
     modelled: bool = False
     # bench and tune time it at any whole number of elements, bench in place or not and on CuPy arrays
     # too (others: a whole number of elements per rank, numpy arrays out of place)

@@ -2,7 +2,7 @@
 
 The engine issues every op whose dependencies have finished. A blocking call
 of a small schedule may instead run it a step at a time, with blocking MPI
-calls (the stepwise path, runtime/stepwise.py): cheaper per message, and
+calls (the stepwise path, runtime/engine/stepwise.py): cheaper per message, and
 nothing to overlap anyway. Both orders are derived here from the same ops.
 """
 

@@ -1,7 +1,7 @@
 """Which ranks share a node: what a node-aware generator, the simulator and `draw` read.
 
 Pure data, as the schedules are. The runtime learns it once per communicator
-(runtime/state.py: MPI's shared-memory split and one allgather); a generator
+(runtime/session/state.py: MPI's shared-memory split and one allgather); a generator
 that takes no topology treats every rank alike.
 """
 

@@ -252,7 +252,7 @@ def choice_of(algorithm: str, nbytes: int, segment: int, source: str) -> Choice:
 
 
 def runs_stepwise(algorithm: str, nbytes: int, segment: int) -> bool:
-    """Whether a blocking call takes the stepwise path (runtime/stepwise.py): messages not split, and
+    """Whether a blocking call takes the stepwise path (runtime/engine/stepwise.py): messages not split, and
     no larger than the algorithm's limit (its registry entry's stepwise_max)."""
     entry = REGISTRY["allreduce"].get(algorithm)  # None for MPI's own
     return not segment and nbytes <= (entry or Algorithm).stepwise_max

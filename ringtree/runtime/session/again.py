@@ -1,0 +1,277 @@
+"""Calls repeated on the same arrays: a call's run kept bound to its small arrays (AGAIN, the fastest
+path of every collective); what calls share without being bound to arrays is in shapes.py.
+
+Each public function looks its result array up in its own AGAIN entries (by id)
+and, if the other arguments are the same objects as before and the arrays pass
+the checks that can change in place, runs the entry again; `docs/design.md`,
+"The call path".
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+from mpi4py import MPI
+
+from ...errors import PeerFailure
+from ...ops import ReduceOp
+from ...schedule.collectives import COLLECTIVES
+from ..engine.in_flight import IN_FLIGHT
+from ..engine.native import native_on
+from ..engine.stepwise import bound_steps, run_stepwise
+from ..safety.stalls import WAITING, watched
+from ..safety.threads import FIRST_IN, THREADED, get_ident
+from .one_caller import intruded, one_caller
+
+__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner", "place",
+           "flat"]
+
+IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
+
+
+def steps_runner(call, state, steps: tuple, source, target):
+    """A function of none that runs a stepwise plan's compiled `steps` on the call's arrays, bound to
+    them (stepwise.bound_steps): what it looks up, looked up once, for a call repeated on those arrays."""
+    steps = bound_steps(steps, [source, target, *call.stepwise_scratch], state.remote)
+    reduce, copy, divide = call.bound
+    average, nranks, signature = call.average, state.size, call.signature
+
+    def run() -> None:
+        try:
+            run_stepwise(steps, reduce, copy, state, signature)
+        except PeerFailure as error:
+            state.broken = error  # messages of the other ranks' call may be left unmatched
+            raise
+        if average:
+            divide(target, nranks)
+    return run
+
+
+MISSED = object()  # _Again.ran's answer where the arguments are not the call's
+
+
+class _Again:
+    """A small call of any collective, blocking or started, that ran a stepwise or native plan (or
+    started any plan) with no trial, check or timeout, and that run bound to its arrays: a loop
+    repeating the call on the same arrays runs it again after only the checks those arrays can fail
+    (writability and dtype may change in place). Kept by its result array, which the call returns;
+    `first`, `second` and `third` are its other arguments, compared by identity (a class with
+    slots: its attributes are read faster than a NamedTuple's). `other`: the entry of another call
+    on the same result array (another op, algorithm or input: a loop may take turns among them),
+    looked at where this one's arguments are not the call's."""
+
+    __slots__ = ("result", "first", "second", "third", "algorithm", "comm", "state", "dtype", "source_dtype",
+                 "native", "run", "what", "confirm", "thread", "handle", "world", "other")
+
+    def __init__(self, result, arguments, algorithm, comm, state, source_dtype, native, run, what, confirm) -> None:
+        self.result = result  # the caller's arrays, held so that their ids stay their own; None: a reduce's other ranks'
+        self.first, self.second, self.third = arguments
+        self.algorithm, self.comm, self.state = algorithm, comm, state
+        self.dtype = None if result is None else result.dtype
+        self.source_dtype = source_dtype  # the send array's, or None for none (in place, a broadcast)
+        # run: the call bound to the arrays (a started call's returns its Request); native: it waits in
+        # MPI's own only, or not at all, so that no collective in flight waits for it
+        self.native, self.run = native, run
+        self.what = what  # what a stall warning says of it (stalls.Call, or a description)
+        self.confirm = confirm  # one_caller's confirmation of a blocking call's end (small.confirm_end)
+        self.thread = get_ident()  # only the thread that made it runs it: another must be noted (threads.py)
+        self.handle = comm.handle  # the thread's mark while in it (threads.FIRST_IN)
+        self.world = comm is WORLD  # a call that leaves its communicator out (None) means this one
+        self.other = None
+
+    def ran(self, first, second, third, comm, algorithm):
+        """Where these are the call's arguments (its result array's looked up by id), the call run
+        again, and what its run returns (a started call's Request); else MISSED. It runs as
+        one_caller.in_call runs a call, its checks and watched() inlined: what the call returns (its
+        result; a started call's Request)."""
+        result, state = self.result, self.state
+        if not (first is self.first and second is self.second and third is self.third
+                and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
+                and self.thread == get_ident() and state.broken is None
+                and (result is None or result.flags.writeable and result.dtype is self.dtype)
+                and (self.source_dtype is None or first.dtype is self.source_dtype)
+                and (self.native or not IN_FLIGHT.running)):
+            other = self.other
+            return MISSED if other is None else other.ran(first, second, third, comm, algorithm)
+        ran = self._call(self.run)
+        return result if ran is None else ran  # a started call's run returns its Request
+
+    def _call(self, run, *arguments):
+        """run(*arguments) as one_caller.in_call runs a call, its checks and watched() inlined."""
+        comm = self.comm
+        if THREADED[1]:
+            return one_caller(comm, watched, partial(run, *arguments), self.what, confirm=self.confirm)
+        outer, FIRST_IN[0] = FIRST_IN[0], self.handle
+        WAITING[0] = self.what
+        try:
+            if THREADED[1]:  # THREADED read again: a second thread has called since
+                ran = one_caller(comm, run, *arguments, confirm=self.confirm)
+            else:
+                ran = run(*arguments)
+        finally:
+            FIRST_IN[0], WAITING[0] = outer, None
+            WAITING[1] += 1
+        if FIRST_IN[1] is not None:
+            intruded()
+        return ran
+
+
+class _NewResult(_Again):
+    """A blocking call whose shape runs MPI's own, on an array new at each call: into a new result
+    (recvbuf None: a solver's dot product) or, a broadcast's, on a new buffer. Kept by its shape, not
+    its arrays (AGAIN[name][id(None)]): a call of the same other arguments, communicator and algorithm
+    on a C-contiguous numpy array of the same dtype and shape runs the shape's plan on that array and a
+    result made as the first call's was, which it returns."""
+
+    __slots__ = ("shape", "made", "gives_first", "places", "writes_first", "whole")
+
+    def __init__(self, arguments, result, places, algorithm, comm, state, run, what, confirm) -> None:
+        first = arguments[0]
+        super().__init__(None, arguments, algorithm, comm, state, None, True, run, what, confirm)
+        self.first = None  # no array held: each call brings its own
+        self.dtype, self.shape = first.dtype, first.shape
+        self.gives_first = result is first  # a broadcast's buffer; else a new result, or None (a reduce's others)
+        self.made = None if result is None or self.gives_first else result.shape
+        self.places = places  # (array, start, stop) of the call's source and target: 0 the first, 1 the result
+        self.writes_first = places[1][0] == 0 and places[1][2] > places[1][1]
+        self.whole = (self.made is not None and len(self.made) == 1
+                      and places == ((0, 0, first.size), (1, 0, result.size)))
+
+    def ran(self, first, second, third, comm, algorithm):
+        state = self.state
+        if not (type(first) is NDARRAY and first.dtype is self.dtype and first.shape == self.shape
+                and first.flags.c_contiguous and (first.flags.writeable or not self.writes_first)
+                and second is self.second and third is self.third
+                and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
+                and self.thread == get_ident() and state.broken is None):
+            return MISSED
+        made = self.made
+        result = np.empty(made, self.dtype) if made is not None else first if self.gives_first else None
+        if self.whole and first.ndim == 1:  # the source the whole first array, the target the whole result
+            self._call(self.run, first, result)
+        else:
+            arrays = (first, result)
+            source, target = self.places
+            self._call(self.run, flat(arrays, *source), flat(arrays, *target))
+        return result
+
+
+# Each public function's (allreduce, iallreduce, broadcast, ...) by the id of its result array (two
+# collectives' calls on one array may take turns in a loop). Holding the arrays keeps them alive,
+# so only small ones (AGAIN_ENTRIES of at most NATIVE_AGAIN_MAX bytes), and a few.
+AGAIN: dict[str, dict[int, _Again]] = {name: {} for collective in COLLECTIVES for name in (collective,
+                                                                                          "i" + collective)}
+AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
+# bytes, where the run is MPI's own blocking collective, which takes so much less time than a
+# schedule's run that up to here the checks still weigh over 5 % of it (docs/performance.md)
+NATIVE_AGAIN_MAX = 1 << 20
+AGAIN_ENTRIES = 16
+# Calls kept on one result array: a loop that takes turns among as many (every algorithm's and
+# auto's, in a benchmark; two ops) finds each.
+AGAIN_CHAIN = 8
+
+# The arguments a repeat holds by identity (held by it, so that their ids stay theirs), and those
+# it holds by value.
+BY_ID = frozenset((np.ndarray, MPI.Op, ReduceOp, type(MPI.IN_PLACE)))
+BY_VALUE = frozenset((int, str, type(None)))
+
+
+def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, comm, state, run, after, what, confirm,
+               native: bool = True) -> None:
+    """Keep the `run` of a call of collective `name` on `buffers` (a started call's: its start), bound to
+    the caller's arrays, for its repeats on them (_Again): where they are numpy arrays of up to
+    AGAIN_MAX bytes in all (NATIVE_AGAIN_MAX where a blocking run waits in MPI's own), `result` (what
+    it returns) one of them (None at a reduce's other ranks than the root, which do not look at their
+    recvbuf), and its other arguments values or arrays. `native`: a blocking run waits in MPI's own
+    only; `confirm`: one_caller's for a blocking call."""
+    largest = NATIVE_AGAIN_MAX if blocking and native else AGAIN_MAX
+    if nbytes > largest or not may_keep(state, blocking):
+        return
+    returned = COLLECTIVES[name].returned_argument
+    own, others = buffers[returned], buffers[:returned] + buffers[returned + 1:]
+    if result is not None and (result is not own or type(result) is not NDARRAY):  # None: a reduce's others'
+        return
+    if not all(type(value) in BY_ID or type(value) in BY_VALUE for value in others):
+        return
+    if after is not None:
+        run = partial(_then, run, after)
+    kept, first = AGAIN[name if blocking else "i" + name], others[0]
+    if len(kept) >= AGAIN_ENTRIES:
+        kept.clear()
+    entry = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
+                   first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what, confirm)
+    _chain(entry, kept.get(id(own)))
+    kept[id(own)] = entry
+
+
+def _chain(entry: _Again, previous: _Again | None) -> None:
+    """Put the entries of other calls on `entry`'s result array (`previous` and its others) behind it,
+    the newest first, AGAIN_CHAIN in all at most: those of the same arguments as `entry` replaced, and
+    those of another result (a reduce's at a root and not: a public function returns the first's)."""
+    last = entry
+    for _ in range(AGAIN_CHAIN - 1):
+        while previous is not None and (previous.result is not entry.result or (
+                previous.first is entry.first and previous.second is entry.second and previous.third is entry.third
+                and previous.comm is entry.comm and previous.algorithm == entry.algorithm)):
+            previous = previous.other
+        if previous is None:
+            break
+        last.other = last = previous
+        previous = previous.other
+    last.other = None
+
+
+def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, confirm) -> None:
+    """Keep a blocking call of collective `name` on `buffers` whose shape runs MPI's own (`own`, its plan's
+    native.MPICollective), for the calls of its shape after it on new arrays (_NewResult): where its
+    result is a new array (recvbuf None), or a broadcast's buffer, and the call (`call`, a
+    collective_args.Prepared) holds views of its arrays and nothing else; `confirm` as for keep_again."""
+    returned = COLLECTIVES[name].returned_argument
+    first, given = buffers[0], buffers[returned]
+    if (type(first) is not NDARRAY or (given is not None and given is not first) or call.after is not None
+            or call.context is not None or not may_keep(state)
+            or first.nbytes > NATIVE_AGAIN_MAX or not all(type(value) in BY_VALUE or type(value) in BY_ID
+                                                          for value in buffers)):
+        return
+    places = (place(call.source, (first, call.result)), place(call.target, (first, call.result)))
+    run = native_on(own, state, call, what)  # of (source, target)
+    if None in places or run is None:
+        return
+    arguments = buffers if given is first else buffers[:returned] + buffers[returned + 1:]
+    AGAIN[name][id(None)] = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run,
+                                       what, confirm)
+
+
+def may_keep(state, blocking: bool = True) -> bool:
+    """Whether a run may be kept bound on `state`'s communicator: not with several threads and no
+    signatures (its waits would be inside MPI), nor, where signatures are on, a blocking call's before
+    the communicator's first call is confirmed (one_caller.py), which an entry's run skips: a first call
+    that raised leaves that to the next, on every rank. A started call confirms nothing either way."""
+    if not state.signatures:
+        return not THREADED[1]
+    return not (blocking and state.unconfirmed)
+
+
+def place(array, arrays) -> tuple | None:
+    """(i, start, stop): `array` (1-D) is elements start:stop of arrays[i] flattened; or None."""
+    at = array.__array_interface__["data"][0]
+    for index, whole in enumerate(arrays):
+        if whole is not None and whole.dtype == array.dtype:
+            first = whole.__array_interface__["data"][0]
+            if first <= at and at + array.nbytes <= first + whole.nbytes and (at - first) % array.itemsize == 0:
+                start = (at - first) // array.itemsize
+                return index, start, start + array.size
+    return None
+
+
+def flat(arrays, index: int, start: int, stop: int):
+    """Elements start:stop of arrays[index] flattened (a place's)."""
+    array = arrays[index]
+    whole = array if array.ndim == 1 else array.reshape(-1)
+    return whole if start == 0 and stop == whole.size else whole[start:stop]
+
+
+def _then(run, after) -> None:
+    run()
+    after()
