@@ -72,7 +72,7 @@ class _Repeat(NamedTuple):
     state: object
     signature: Signature
     plan: object
-    native: object  # start(comm): MPI's own nonblocking collective of the call, where it is not allreduce's
+    native: object  # start(): MPI's own nonblocking collective of the call (native_start's, or showing_roots')
     run: object  # a function of none running the call blocking: MPI's own allreduce; else None
     steps: object  # for a plan the stepwise path may run: a function of none running it on the call's arrays
     what: object  # the call as a stall warning names it
@@ -200,9 +200,10 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     return recvbuf
 
 
-def _started(plan, state, source, target, inplace: bool, what, result) -> Request:
+def _started(plan, state, source, target, inplace: bool, what, result, start=None) -> Request:
+    """The Request of a call of `plan` started on these arrays (`start`: native_start's), none to do after."""
     own = plan.native
-    return Request(NativeInFlight(own, state, source, target, inplace, None, what) if own is not None else
+    return Request(NativeInFlight(own, state, source, target, inplace, None, what, start) if own is not None else
                    plan.start(state, source, target, inplace, None), result)
 
 
@@ -318,9 +319,9 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
         if blocking:  # a started call starts MPI's nonblocking collective (_start)
             run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root)
         if run is None and call.collective.kind.rooted and plan.native.collective.root is None:  # it shows the roots
-            native, after = showing_roots(state, call, plan.native.op)
+            native, after = showing_roots(state, call, plan.native)
         elif run is None:
-            native = native_start(call, plan.native.op)
+            native = native_start(call, plan.native)
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:
@@ -333,9 +334,11 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
     if trial is None and repeat.comparison is None and timeout is None and segment is None and check is None:
         if kept and (len(buffers) == 2 or not call.collective.kind.matrix):
             nbytes = call.count * call.source.dtype.itemsize
-            if not blocking:
-                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, partial(_start, repeat),
-                           None, repeat.what, None)
+            if not blocking:  # the plan's start with its arguments bound, where there is nothing to do after
+                start = (partial(_start, repeat) if after is not None else partial(
+                    _started, plan, state, call.source, call.target, call.inplace, repeat.what, call.result, native))
+                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, start, None, repeat.what,
+                           None)
             elif run is not None or (steps is not None and may_step(state, None)):
                 keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)

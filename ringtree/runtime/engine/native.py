@@ -158,9 +158,9 @@ def run_native(own: MPICollective, state, source, target, in_place: bool) -> Non
 
 
 def run_started(own: MPICollective, state, start, target, what) -> None:
-    """MPI's own collective that `start(comm)` starts, nonblocking, on the plan's communicator, waited
+    """MPI's own collective that `start()` starts, nonblocking, on the plan's communicator, waited
     for as run_native waits (the other collectives' native calls)."""
-    request = start(own.comm)
+    request = start()
     seq = state.calls  # counted as every call is (run_native)
     state.calls = seq + 1
     if not settled(request.Test, progress_others):
@@ -188,7 +188,7 @@ def native_on(own: MPICollective, state, call, what):
     if own.collective.root is None and own.collective.kind.rooted:
         return None
     return lambda source, target: run_started(own, state, native_start(call._replace(source=source, target=target),
-                                                                       own.op), target, what)
+                                                                       own), target, what)
 
 
 def _through_request(own: MPICollective, state, source, target, root, bound: bool = False):
@@ -289,14 +289,14 @@ class NativeInFlight:
     __slots__ = ("own", "state", "comm", "request", "seq", "source", "target", "then", "what", "done")
 
     def __init__(self, own: MPICollective, state, source, target, in_place: bool, then, what, start=None) -> None:
-        """`then()`, if given, runs once it is done; `what`: the call as a stall warning describes it. `start(comm)`,
-        if given, starts another collective than allreduce on the plan's communicator."""
+        """`then()`, if given, runs once it is done; `what`: the call as a stall warning describes it. `start()`,
+        if given, starts the call (native_start's; else it is an allreduce of these arrays)."""
         self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
         self.then, self.what, self.done = then, what, False
         if start is None:
             self.request = own.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, own.op)
         else:
-            self.request = start(own.comm)
+            self.request = start()
         self.seq = state.calls  # counted as every call is (run_native)
         state.calls = self.seq + 1
 
@@ -354,34 +354,34 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
         raise
 
 
-def native_start(call, op):
-    """MPI's own nonblocking collective of a call (`call`, a collective_args.Prepared), as a function of
-    the communicator to start it on: its arguments made once, here, for every call of the repeat."""
-    collective, source, target = call.collective, call.source, call.target
+def native_start(call, own: MPICollective):
+    """MPI's own nonblocking collective of a call (`call`, a collective_args.Prepared) on its plan's
+    communicator (`own`'s), as a function of none: its arguments made once, here, for every call of the
+    repeat (a partial of mpi4py's method: no Python frame of its own)."""
+    collective, source, target, comm, op = call.collective, call.source, call.target, own.comm, own.op
     kind, root, counts = collective.kind, collective.root, list(collective.counts)
     start = getattr(MPI.Intracomm, kind.nonblocking)  # Ireduce_scatter, Ibcast, ...: looked up once, here
     if kind.reduces and kind.blocks:  # Ireduce_scatter: under MPICH faster than Ireduce_scatter_block
-        return lambda comm: start(comm, source, target, counts, op)
+        return partial(start, comm, source, target, counts, op)
     if kind.reduces and not kind.rooted:  # an allreduce
-        sendbuf = MPI.IN_PLACE if call.inplace else source
-        return lambda comm: start(comm, sendbuf, target, op)
+        return partial(start, comm, MPI.IN_PLACE if call.inplace else source, target, op)
     if kind.reduces:  # a reduce
-        sendbuf = MPI.IN_PLACE if call.inplace else source
-        return lambda comm: start(comm, sendbuf, target if target.size or not source.size else None, op, root)
+        return partial(start, comm, MPI.IN_PLACE if call.inplace else source,
+                       target if target.size or not source.size else None, op, root)
     # These reduce nothing: any dtype goes, as bytes where MPI has no datatype of it.
     whole, mine = _typed(target), _typed(source)
     if kind.rooted:  # a broadcast
-        return lambda comm: start(comm, whole, root)
+        return partial(start, comm, whole, root)
     if kind.matrix:  # of blocks alike: auto gives a count matrix to pairwise (tuning/collectives.py)
-        return lambda comm: start(comm, mine, whole)
+        return partial(start, comm, mine, whole)
     sendbuf = MPI.IN_PLACE if call.inplace else mine  # an allgather
     if len(set(counts)) == 1:
-        return lambda comm: start(comm, sendbuf, whole)
+        return partial(start, comm, sendbuf, whole)
     if isinstance(whole, list):
         recvbuf = [whole[0], [c * target.dtype.itemsize for c in counts], None, MPI.BYTE]
     else:
         recvbuf = [whole, counts, None, dtlib.from_numpy_dtype(target.dtype)]
-    return lambda comm: comm.Iallgatherv(sendbuf, recvbuf)
+    return partial(MPI.Intracomm.Iallgatherv, comm, sendbuf, recvbuf)
 
 
 def _typed(array):

@@ -57,10 +57,11 @@ def root_marks(name: str, op: ReduceOp | None, dtype: np.dtype, size: int, root:
     return mine.tobytes(), combined.tobytes()
 
 
-def showing_roots(state, call, op):
-    """A call (`call`, a collective_args.Prepared; `op`, the plan's MPI.Op) as MPI's own allreduce that
-    shows the roots, on arrays of its own. Returns (start, after): start(comm) starts it on a plan's
-    communicator; after() checks the roots and takes the data."""
+def showing_roots(state, call, own):
+    """A call (`call`, a collective_args.Prepared) as MPI's own allreduce that shows the roots, on arrays
+    of its own, on the communicator of its plan's MPI's own (`own`, a native.MPICollective, with its
+    op). Returns (start, after): start() starts it; after() checks the roots and takes the data."""
+    comm, op = own.comm, own.op
     name, root, size, kind = call.collective.name, call.collective.root, state.size, call.collective.kind
     reduces = kind.reduces  # a reduce's, else a broadcast's (whose data is the root's target)
     data = byte_view(call.source if kind.has_input else call.target)
@@ -77,7 +78,7 @@ def showing_roots(state, call, op):
     result = None if at_root != reduces else byte_view(call.target)
     seq = [0]
 
-    def start(comm) -> MPI.Request:
+    def start() -> MPI.Request:
         if reduces or at_root:
             sent[:nbytes] = data
         seq[0] = state.calls  # before the call counts itself: its number
