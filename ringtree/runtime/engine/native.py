@@ -51,7 +51,7 @@ class MPICollective(NamedTuple):
     received: np.ndarray | None
     request: MPI.Prequest | None
     collective: Collective = ALLREDUCE  # the plan's: a broadcast's root None shows the roots
-    copies: dict | None = None  # by root: what _copies makes of the persistent request's buffers
+    copies: dict | None = None  # by root: what _plan_copies makes of the persistent request's buffers
 
 
 def reduces(dtype: np.dtype, op: ReduceOp) -> bool:

@@ -82,9 +82,8 @@ class _Again:
 
     def ran(self, first, second, third, comm, algorithm):
         """Where these are the call's arguments (its result array's looked up by id), the call run
-        again, and what its run returns (a started call's Request); else MISSED. It runs as
-        one_caller.in_call runs a call, its checks and watched() inlined: what the call returns (its
-        result; a started call's Request)."""
+        again, as one_caller.in_call runs a call (_call), and what it returns: its result, or a started
+        call's Request; else MISSED."""
         result, state = self.result, self.state
         if not (first is self.first and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
