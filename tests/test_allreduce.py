@@ -296,7 +296,7 @@ def test_blocking_allreduce_while_others_are_in_flight_waited_in_another_order(c
 
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "tree", "auto"])
 def test_a_call_repeated_on_the_same_arrays_sees_what_changed_in_them(comm, algorithm):
-    # Repeats on the same small arrays skip most checks (allreduce.AGAIN): what may change in place
+    # Repeats on the same small arrays skip most checks (again.kept_runs): what may change in place
     # between calls must still count.
     rank, size = comm.Get_rank(), comm.Get_size()
     data, out = np.full(6, rank + 1, np.int32), np.empty(6, np.int32)

@@ -90,7 +90,7 @@ def test_persistent_alltoall_gives_mpi_s_result_at_every_start(comm, algorithm):
 def test_calls_repeated_on_the_same_arrays_see_their_new_contents(comm):
     x, out = _input(comm, 2, np.int64), np.empty(2 * comm.size, np.int64)
     failures = []
-    for turn in range(20):  # past the repeat's binding to these arrays (again.AGAIN)
+    for turn in range(20):  # past the repeat's binding to these arrays (again.kept_runs)
         x[:] = _input(comm, 2, np.int64) * (turn + 1)
         ringtree.alltoall(x, out, comm=comm)
         if not np.array_equal(out, _mpi_s(comm, x)):

@@ -384,7 +384,7 @@ def test_ranks_that_disagree_on_the_root_all_get_an_error(comm):
 
 @pytest.mark.parametrize("named", [False, True], ids=["auto", "named"])
 def test_calls_repeated_on_the_same_arrays_see_what_changed_in_them(comm, named):
-    """Blocking repeats on the same small arrays run bound to them (again.AGAIN): a change of root, of
+    """Blocking repeats on the same small arrays run bound to them (again.kept_runs): a change of root, of
     dtype or writability in place, and another collective's calls on the same array in turns must
     all still count, each result equal to MPI's own."""
     rank, size = comm.rank, comm.size
@@ -444,7 +444,7 @@ def _turn_arrays(rank, size, turn, made):
 @pytest.mark.parametrize("name", ["allreduce", "allreduce in place", "reduce_scatter", "reduce_scatter counts",
                                   "allgather", "broadcast", "reduce", "reduce in place"])
 def test_calls_on_new_arrays_of_a_shape_seen_before_give_mpi_s_result(comm, name, blocking):
-    """A shape's calls on other arrays than its first's (shapes.SHAPES: unbound on new arrays, bound once
+    """A shape's calls on other arrays than its first's (a session's shapes: unbound on new arrays, bound once
     arrays come again), each result equal to MPI's own on the same inputs."""
     rank, size = comm.rank, comm.size
     local, failures = comm.Dup(), []

@@ -134,7 +134,7 @@ def test_without_the_variable_nothing_is_recorded():
     from ringtree.runtime.engine import timeline
     assert "RINGTREE_TIMELINE" not in os.environ
     allreduce(np.ones(1000), segment=800)
-    assert not timeline.ACTIVE and not timeline._events
+    assert not timeline.TIMELINE.active and not timeline.TIMELINE.events
 
 
 @pytest.mark.slow

@@ -242,3 +242,63 @@ def test_ringtree_allreduce_is_the_function_with_its_help_and_its_module_imports
     data = np.arange(6, dtype=np.int64)
     assert np.array_equal(ringtree.allreduce(data, comm=comm), data * comm.Get_size())
     assert ringtree.iallreduce(data, comm=comm).wait().tolist() == (data * comm.Get_size()).tolist()
+
+
+# Rule 7: module-level state in api/ and runtime/ only for what is one per process by nature; a
+# communicator's is its session's (CommState).
+PER_PROCESS = {"ringtree.runtime.session.state.SESSIONS", "ringtree.runtime.safety.threads.THREADS",
+               "ringtree.runtime.safety.stalls.WATCHDOG", "ringtree.runtime.engine.in_flight.IN_FLIGHT",
+               "ringtree.runtime.engine.timeline.TIMELINE", "ringtree.runtime.transports.backend.REGISTERED",
+               "ringtree.runtime.safety.failures._ENDING_THE_JOB", "ringtree.api.torch_tensors._VIEWS"}
+MUTATORS = {"append", "add", "update", "pop", "clear", "setdefault", "discard", "remove", "extend", "popitem", "insert"}
+
+
+def _root(node):
+    """The name a chain of items and attributes (a[1].b) starts from, or None."""
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _written_at_module_level(name: str) -> set[str]:
+    """The module-level names (module.name) that module `name`'s functions write: an item, an attribute,
+    by a method that changes it, or `global`."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    owners = {target.id: f"{name}.{target.id}" for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+              for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+              if isinstance(target, ast.Name)}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            module = ".".join(filter(None, (base, node.module)))
+            owners.update({alias.asname or alias.name: f"{module}.{alias.name}" for alias in node.names})
+    written = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = function.args
+        local = {a.arg for a in arguments.args + arguments.kwonlyargs + arguments.posonlyargs}
+        local |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        declared = {g for n in ast.walk(function) if isinstance(n, ast.Global) for g in n.names}
+        roots = set(declared)
+        for node in ast.walk(function):
+            targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for target in targets:
+                for part in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if isinstance(part, (ast.Subscript, ast.Attribute)):
+                        roots.add(_root(part))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                roots.add(_root(node.func.value))
+        written |= {owners[root] for root in roots if root in owners and (root not in local or root in declared)}
+    return written
+
+
+def test_module_level_state_is_only_what_is_one_per_process():
+    written = set().union(*(_written_at_module_level(name) for name in MODULES
+                            if name.startswith(("ringtree.api", "ringtree.runtime"))))
+    assert written - PER_PROCESS == set()

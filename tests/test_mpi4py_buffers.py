@@ -300,7 +300,7 @@ def test_a_mismatch_the_progress_thread_found_is_raised_by_the_requests_own_wait
 @pytest.mark.parametrize("kind", [MPI.SUM, MPI.MAX, ringtree.ops.ReduceOp.AVG])
 def test_a_persistent_allreduce_that_settles_on_mpis_own_binds_its_persistent_request_and_stays_right(comm, kind,
                                                                                                        in_place):
-    from ringtree.runtime.session.shapes import SHAPES
+    from ringtree.runtime.session.state import existing_state
 
     private = comm.Dup()  # a state of its own: the shapes its calls settle on are this test's
     rank, size = private.Get_rank(), private.Get_size()
@@ -320,7 +320,8 @@ def test_a_persistent_allreduce_that_settles_on_mpis_own_binds_its_persistent_re
         if not np.array_equal(out, expected):
             failures.append(f"start {step}: {out} != {expected}")
             break
-    settled = [seen[0].plan for key, seen in SHAPES.items()  # keys laid out as shapes.shape_key makes them
+    shapes = existing_state(private).shapes
+    settled = [seen[0].plan for key, seen in shapes.items()  # keys laid out as shapes.shape_key makes them
                if key[0] == "allreduce" and key[2] == id(private) and key[9] == 8 and key[10] == np.float64]
     native = bool(settled) and all(plan.native is not None for plan in settled)
     if native != (request._bound is not None):

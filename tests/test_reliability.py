@@ -149,7 +149,7 @@ def test_with_signatures_off_small_repeats_are_still_kept_bound_and_right(monkey
     """Without signatures no call's end is confirmed (one_caller.py), so the wait for the first call's
     confirmation before keeping a run bound (again.keep_again) must not apply: repeats on the same
     small arrays still run bound to them, each result MPI's own."""
-    from ringtree.runtime.session.again import AGAIN
+    from ringtree.runtime.session.again import kept_runs
 
     monkeypatch.setenv("RINGTREE_SIGNATURES", "0")
     ringtree.settings.reload()
@@ -164,7 +164,7 @@ def test_with_signatures_off_small_repeats_are_still_kept_bound_and_right(monkey
             if not np.array_equal(out, expected):
                 failures.append(f"call {call}: {out} != {expected}")
                 break
-        if AGAIN["allreduce"].get(id(out)) is None:
+        if kept_runs(comm)["allreduce"].get(id(out)) is None:
             failures.append("not kept bound")
     finally:
         monkeypatch.delenv("RINGTREE_SIGNATURES")

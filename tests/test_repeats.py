@@ -1,4 +1,4 @@
-"""Calls that repeat: which way a loop's calls go (their run bound to the same arrays, again.AGAIN; what
+"""Calls that repeat: which way a loop's calls go (their run bound to the same arrays, again.kept_runs; what
 a shape or an arrangement of arguments seen before shares, shapes.py; or the full path), on the arrays
 programs bring, each result exactly MPI's own on the same inputs. A loop's way is compared with
 another loop's in the same run, never with a time."""

@@ -1,6 +1,6 @@
 """The public allreduce: `allreduce` and `iallreduce`, in the style of mpi4py, over the one path of
 every collective (call_path.py). A call repeated on the same small arrays first looks for its run (or
-start) bound to them (again.AGAIN), as every collective's public function does.
+start) bound to them (again.kept_runs), as every collective's public function does.
 
 Arguments are checked on the calling rank before any message is sent, so bad
 input raises TypeError or ValueError and leaves the buffers untouched.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ..ops import named_defaults
-from ..runtime.session.again import AGAIN, MISSED
+from ..runtime.session.again import MISSED, kept_runs
 from .call_path import run
 from .request import Request
 
@@ -34,7 +34,7 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     when the collective makes no progress for that long. Both must be the same
     on every rank.
     """
-    again = AGAIN["allreduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    again = kept_runs(comm)["allreduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, op, None, comm, algorithm)
         if ran is not MISSED:
@@ -46,7 +46,7 @@ def iallreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto"
                timeout=None) -> Request:
     """Start an allreduce and return its Request; arguments as for `allreduce` (the timeout applies to
     waiting on it; in check mode, the ranks agree before this returns)."""
-    again = AGAIN["iallreduce"].get(id(recvbuf))
+    again = kept_runs(comm)["iallreduce"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, op, None, comm, algorithm)
         if request is not MISSED:

@@ -1,10 +1,10 @@
-"""The one path of every collective (allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall): a call is
-checked into a Prepared (collective_args.py), finds or builds its plan (kept per call shape in its
-communicator's state) and runs, blocking or started. The public functions, blocking, nonblocking and
-persistent, are each a line over `run`. What a call shares with the calls before it, the shortest way
-first: its run bound to the same small arrays (again.AGAIN, which the public functions look up), the
-same arguments again (shapes.REPEATS), other arrays of an arrangement seen before (shapes.of_arrangement; an
-allreduce's: shapes.repeat_of), a shape seen before (shapes.SHAPES). docs/design.md, "The call path"."""
+"""The one path of every collective: a call is checked into a Prepared (collective_args.py), finds or
+builds its plan (kept per call shape in its communicator's session) and runs, blocking or started; the
+public functions are each a line over `run`. What a call shares with the calls before it, kept in the
+session, the shortest way first: its run bound to the same small arrays (again.kept_runs, which the
+public functions look up), the same arguments (shapes.py: `repeats`), other arrays of an arrangement
+seen before (shapes.of_arrangement; an allreduce's: repeat_of), a shape seen before (`shapes`).
+docs/design.md, "The call path"."""
 
 from __future__ import annotations
 
@@ -24,14 +24,12 @@ from ..runtime.engine.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
 from ..runtime.engine.stepwise import may_step
 from ..runtime.safety.mismatch import Signature, signature
 from ..runtime.safety.stalls import watched
-from ..runtime.safety.threads import THREADED
-from ..runtime.session.again import AGAIN, keep_again, keep_new_result, may_keep, steps_runner
+from ..runtime.safety.threads import THREADS
+from ..runtime.session.again import keep_again, keep_new_result, may_keep, steps_runner
 from ..runtime.session.one_caller import in_call
 from ..runtime.session.plan import build_plan
 from ..runtime.session.shapes import (
-    REPEATS,
     REPEATS_MAX,
-    SHAPES,
     arguments_key,
     keep_shape,
     of_arrangement,
@@ -40,6 +38,7 @@ from ..runtime.session.shapes import (
     shape_key,
 )
 from ..runtime.session.small import confirm_end
+from ..runtime.session.state import existing_state
 from ..runtime.session.trials import tuned_plan
 from ..runtime.transports.backend import NumpyBackend
 from ..runtime.transports.choice import transport_for
@@ -86,6 +85,7 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
     """run's call, in the thread rules; `kept`: whether the buffers are the caller's own (not arrays
     made for this call, which the call's repeats must not hold, and which are plain arrays already)."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    state = existing_state(comm)  # None before its first call
     if len(buffers) == 4 and COLLECTIVES[name].matrix:  # given counts: the count matrix, which the repeats' key holds
         buffers = with_count_matrix(comm, algorithm, segment, check, timeout, buffers)
     if name == "allreduce":
@@ -94,24 +94,24 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
             return _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
         # A new result array, so that a call shape seen before finds its plan (repeat_of) whatever the arrays
         made = np.empty_like(sendbuf) if recvbuf is None and type(sendbuf) is NDARRAY else None
-        hit = repeat_of(sendbuf, recvbuf if made is None else made, op, comm, algorithm, segment, check, timeout,
-                        blocking)
+        hit = None if state is None else repeat_of(state, sendbuf, recvbuf if made is None else made, op, comm,
+                                                   algorithm, segment, check, timeout, blocking)
         if hit is not None and made is None:
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
         # not bound to the new arrays; a native shape's run is kept by its shape (_bound) unless one is
-        if hit is not None and (not blocking or hit[0].native is None or id(None) in AGAIN["allreduce"]):
+        if hit is not None and (not blocking or hit[0].native is None or id(None) in state.again["allreduce"]):
             return _shape_repeat(hit, blocking, False, (sendbuf, made, op), algorithm, comm)
     key = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
-    repeat = REPEATS.get(key) if key is not None else None
+    repeat = state.repeats.get(key) if key is not None and state is not None else None
     if repeat is not None:
         for array, dtype, written in repeat.arrays:  # a loop: a generator's set-up costs more than the few arrays
             if array.dtype is not dtype or (written and not array.flags.writeable):
                 repeat = None
                 break
     if repeat is None:
-        repeat = _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept)
-        if type(repeat) is _Done:
-            return repeat.result
+        repeat = _first(state, name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept)
+        if type(repeat) is tuple:  # ran to its end already: (its result,)
+            return repeat[0]
     else:
         if repeat.state.broken is not None:
             repeat.state.check_usable()
@@ -207,18 +207,14 @@ def _started(plan, state, source, target, inplace: bool, what, result, start=Non
                    plan.start(state, source, target, inplace, None), result)
 
 
-class _Done(NamedTuple):
-    """A call that _first ran to its end, or started (a small allreduce of device memory through host memory,
-    a call with no element)."""
-    result: object
-
-
-def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept):
-    """A call past the repeat paths: on arrays of an arrangement seen before, only what they can fail checked
-    (of_arrangement); else its arguments checked and what it shares with the calls of its shape looked up
-    (SHAPES), else found or made (its plan among them); bound to its arrays (_bound)."""
+def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept):
+    """A call past the repeat paths (`known`: its communicator's state, if set up): on arrays of an
+    arrangement seen before, only what they can fail checked (of_arrangement); else its arguments checked
+    and what it shares with the calls of its shape looked up (the session's `shapes`), else found or made
+    (its plan among them); bound to its arrays (_bound). A call it runs to its end or starts itself (a small
+    allreduce of device memory through host memory, a call with no element): (its result or Request,)."""
     arranged = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True) if key is not None else None
-    hit = of_arrangement(arranged, buffers, key) if arranged is not None else None
+    hit = of_arrangement(known, arranged, buffers, key) if arranged is not None and known is not None else None
     if hit is not None:
         if hit[0].comparison is not None:
             _agree(hit[0])
@@ -230,15 +226,15 @@ def _first(name, blocking, comm, algorithm, segment, check, timeout, buffers, ke
         arranged = arguments_key(name, blocking, comm, algorithm, segment, check, given, buffers, True)
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
             and transport_for(state, call.backend) is None):
-        return _Done(_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]))
+        return (_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]),)
     if call.count == 0 and state.size > 1:  # no message to show the call: the ranks compare it (runtime/engine/empty.py)
-        return _Done(_empty(name, blocking, algorithm, segment, check, timeout, call, state, current))
+        return (_empty(name, blocking, algorithm, segment, check, timeout, call, state, current),)
     key_of_shape = None
     if call.backend is NumpyBackend and call.context is None:
         key_of_shape = shape_key(name, blocking, comm, algorithm, segment, check, given, current, call.collective,
                                  call.count, call.source.dtype, call.reduce_op, call.inplace)
-        seen = SHAPES.get(key_of_shape)
-        if seen is not None and seen[0].state is state:
+        seen = state.shapes.get(key_of_shape)
+        if seen is not None:
             shape = seen[0]
             if shape.comparison is not None:
                 _agree(shape)
@@ -302,7 +298,7 @@ def _empty(name, blocking, algorithm, segment, check, timeout, call, state, curr
     sign, comparison = _signed(name, algorithm, segment, call, state, call.collective,
                                current.check if check is None else check)
     if comparison is not None:
-        agreement.agree(state, comparison[0], comparison[1], sign, timeout, not THREADED[1], comparison[2])
+        agreement.agree(state, comparison[0], comparison[1], sign, timeout, not THREADS.several, comparison[2])
     request = Request(EmptyCall(state, sign, timeout), call.result, call.after)
     return request.wait() if blocking else request
 
@@ -311,7 +307,7 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
            comm) -> _Repeat:
     """The call (`call`, its checked arguments; `shape`, what it shares with the calls of its shape) bound
     to its arrays: kept for its repeats on them under `key` (unless None, or the call makes a new
-    result) and, where they are small, in AGAIN."""
+    result) and, where they are small, by them (keep_again)."""
     plan, state, trial, timeout = shape.plan, shape.state, shape.trial, shape.timeout
     native = run = steps = None
     after = call.after
@@ -346,9 +342,10 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
             keep_new_result(name, buffers, call, algorithm, comm, state, plan.native, repeat.what, confirm_end)
     if (key is not None and trial is None and may_keep(state, blocking)  # else bound when the arrays come again
             and (call.result is None or any(written for *_, written in arrays))):
-        if len(REPEATS) >= REPEATS_MAX:
-            REPEATS.clear()
-        REPEATS[key] = repeat
+        repeats = state.repeats
+        if len(repeats) >= REPEATS_MAX:
+            repeats.clear()
+        repeats[key] = repeat
     return repeat
 
 
@@ -383,7 +380,7 @@ def _agree(repeat: _Repeat) -> None:
     """The call's comparison (check mode, a rooted call): MismatchError on every rank unless every rank
     makes it with the same arguments."""
     record, described, what = repeat.comparison
-    agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADED[1], what)
+    agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADS.several, what)
 
 
 def _through_host(call: Prepared, blocking, comm, algorithm, segment, check, timeout, op):

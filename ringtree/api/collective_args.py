@@ -15,10 +15,8 @@ from .. import settings, tensors
 from ..ops import ReduceOp, check_dtype, parse_op
 from ..runtime.checks.refusal import refusing
 from ..runtime.safety.threads import note_thread
-from ..runtime.session.again import AGAIN
 from ..runtime.session.counts import count_matrix
-from ..runtime.session.shapes import forget_bound
-from ..runtime.session.state import comm_state
+from ..runtime.session.state import comm_state, forget_waits_inside_mpi
 from ..runtime.transports.backend import Backend, NoDevice, NumpyBackend, backend_for
 from ..schedule.ir import ALLREDUCE, Collective, blocks
 from ..words import counted
@@ -316,8 +314,8 @@ def checked(name: str, comm, timeout, prepare):
     settings and the timeout; a refusal of any of them told to the other ranks."""
     with refusing(comm):
         arguments = prepare()
-        if note_thread(comm) and any(AGAIN.values()):
-            forget_bound()  # with RINGTREE_SIGNATURES=0 their runs wait inside MPI, which no call may then
+        if note_thread(comm):
+            forget_waits_inside_mpi()
         try:
             current = settings.current()
         except settings.SettingError as error:

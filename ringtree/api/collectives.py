@@ -3,7 +3,7 @@ their nonblocking and persistent forms, in the style of `allreduce` (and of mpi4
 Allgatherv, Bcast, Reduce and Alltoall).
 
 Each is a line over the one path of every collective (call_path.py), after a look for its run bound
-to the same small arrays (again.AGAIN), as allreduce's: the same checks, plans, engine, mismatch
+to the same small arrays (again.kept_runs), as allreduce's: the same checks, plans, engine, mismatch
 detection, timeouts and thread rules as allreduce; `auto` chooses among their algorithms and MPI's
 own (tuning/collectives.py).
 """
@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from ..ops import named_defaults
 from ..runtime.checks.refusal import refusing
-from ..runtime.session.again import AGAIN, MISSED
+from ..runtime.session.again import MISSED, kept_runs
 from ..runtime.session.one_caller import in_call
 from .call_path import run
 from .checks import checked_timeout
@@ -40,7 +40,7 @@ def reduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None,
     equal blocks, which must divide it). With sendbuf MPI.IN_PLACE, recvbuf holds the input and gets
     the block at its start. The block goes into `recvbuf` (a new array when None), which is returned.
     """
-    again = AGAIN["reduce_scatter"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    again = kept_runs(comm)["reduce_scatter"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, counts, op, comm, algorithm)
         if ran is not MISSED:
@@ -51,7 +51,7 @@ def reduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None,
 def ireduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None,
                     check=None, timeout=None) -> Request:
     """Start a reduce_scatter and return its Request (wait() returns the block)."""
-    again = AGAIN["ireduce_scatter"].get(id(recvbuf))
+    again = kept_runs(comm)["ireduce_scatter"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, counts, op, comm, algorithm)
         if request is not MISSED:
@@ -67,7 +67,7 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto"
     MPI.IN_PLACE, this rank's block is already in place in recvbuf. A new recvbuf (for None) has
     shape (ranks, *sendbuf.shape) where no counts are given, else is 1-D.
     """
-    again = AGAIN["allgather"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    again = kept_runs(comm)["allgather"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, counts, None, comm, algorithm)
         if ran is not MISSED:
@@ -78,7 +78,7 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto"
 def iallgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto", segment=None, check=None,
                timeout=None) -> Request:
     """Start an allgather and return its Request (wait() returns recvbuf)."""
-    again = AGAIN["iallgather"].get(id(recvbuf))
+    again = kept_runs(comm)["iallgather"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, counts, None, comm, algorithm)
         if request is not MISSED:
@@ -88,7 +88,7 @@ def iallgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto
 
 def broadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None):
     """Every rank of `comm` gets rank `root`'s `buf` in its own `buf`, which is returned."""
-    kept = AGAIN["broadcast"]
+    kept = kept_runs(comm)["broadcast"]
     if segment is check is timeout is None:
         again = kept.get(id(buf))
         if again is not None and again.ran(root, None, None, comm, algorithm) is not MISSED:
@@ -101,7 +101,7 @@ def broadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=N
 
 def ibroadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None) -> Request:
     """Start a broadcast and return its Request (wait() returns buf)."""
-    again = AGAIN["ibroadcast"].get(id(buf))
+    again = kept_runs(comm)["ibroadcast"].get(id(buf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(root, None, None, comm, algorithm)
         if request is not MISSED:
@@ -114,7 +114,7 @@ def reduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="a
     """Combine `sendbuf` from every rank of `comm` with `op` into the root's `recvbuf` (a new array
     when None), which the root gets back; the other ranks get None (their recvbuf is not looked at).
     With sendbuf MPI.IN_PLACE, the root's recvbuf holds its input."""
-    again = AGAIN["reduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    again = kept_runs(comm)["reduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, op, root, comm, algorithm)
         if ran is not MISSED:
@@ -125,7 +125,7 @@ def reduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="a
 def ireduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="auto", segment=None, check=None,
             timeout=None) -> Request:
     """Start a reduce and return its Request (wait() returns the result at the root, else None)."""
-    again = AGAIN["ireduce"].get(id(recvbuf))
+    again = kept_runs(comm)["ireduce"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, op, root, comm, algorithm)
         if request is not MISSED:
@@ -145,7 +145,7 @@ def alltoall(sendbuf, recvbuf=None, sendcounts=None, recvcounts=None, *, comm=No
     MismatchError on every rank where what one sends another is not what that one expects."""
     if sendcounts is not None or recvcounts is not None:
         return run("alltoall", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, sendcounts, recvcounts)
-    again = AGAIN["alltoall"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    again = kept_runs(comm)["alltoall"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, None, None, comm, algorithm)
         if ran is not MISSED:
@@ -159,7 +159,7 @@ def ialltoall(sendbuf, recvbuf=None, sendcounts=None, recvcounts=None, *, comm=N
     counts is waited for before it returns: every rank must make the call (unlike MPI's Ialltoallv)."""
     if sendcounts is not None or recvcounts is not None:
         return run("alltoall", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, sendcounts, recvcounts)
-    again = AGAIN["ialltoall"].get(id(recvbuf))
+    again = kept_runs(comm)["ialltoall"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, None, None, comm, algorithm)
         if request is not MISSED:

@@ -12,8 +12,7 @@ from mpi4py import MPI
 
 from ..debug import log
 from ..errors import TimeoutError
-from ..runtime.engine import progress
-from ..runtime.engine.in_flight import progress_others
+from ..runtime.engine.in_flight import IN_FLIGHT, progress_others
 from ..runtime.engine.native import NativeInFlight
 from ..runtime.engine.pipelined import Execution
 from ..runtime.safety.backoff import wait_until
@@ -48,7 +47,7 @@ class Request:
         return self._result
 
     def _wait_for_another(self) -> None:
-        """wait() in the progress thread (progress.py), which makes no call: no thread is noted."""
+        """wait() in the progress thread (in_flight.py), which makes no call: no thread is noted."""
         self._execution.wait()
         if self._then is not None:
             self._finish()
@@ -74,14 +73,14 @@ class Request:
 class MPIRequest(MPI.Grequest):
     """A ringtree Request that is also an mpi4py request (a generalized request, MPI_Grequest_start):
     MPI.Request.Waitall, Waitany, Testall, ... take it beside MPI's own. While one waits inside MPI,
-    where no ringtree call progresses the collective, the progress thread (runtime/engine/progress.py)
+    where no ringtree call progresses the collective, the progress thread (runtime/engine/in_flight.py)
     moves it and completes the generalized request. Its own Wait and Test progress it as a Request's."""
 
     def __new__(cls, request: Request) -> MPIRequest:
         failure: list = []  # the error that ended it in the progress thread, for MPI's status and for Wait
         self = super().__new__(cls, MPI.Grequest.Start(_status, _nothing, _nothing, args=(failure,)))
         self._request, self._lock, self._completed, self._failure = request, threading.Lock(), False, failure
-        progress.watch(self)
+        IN_FLIGHT.thread.watch(self)
         return self
 
     def advance(self) -> bool:
@@ -113,7 +112,7 @@ class MPIRequest(MPI.Grequest):
                     self._request.wait()
                 finally:
                     self._complete()
-        progress.forget(self)
+        IN_FLIGHT.thread.forget(self)
         if self._failure:
             try:
                 MPI.Grequest.Wait(self)  # frees it; its query reports the failure to MPI, which raises

@@ -17,6 +17,7 @@ import time
 import torch
 from mpi4py import MPI
 
+from ..runtime.session.state import comm_state
 from .allreduce import iallreduce
 
 __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
@@ -29,9 +30,6 @@ class HookState:
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.seconds = 0.0
         self.pending: list = []  # (request, future, what the future is given) of buckets in flight
-
-
-_DEFAULT_STATES: dict[int, HookState] = {}  # a communicator given as the state: its HookState, by handle
 
 
 def allreduce_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -82,10 +80,10 @@ def _state(state) -> HookState:
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"ringtree's DDP hooks take an mpi4py communicator, None or a ringtree.torch.HookState as "
                         f"their state, got {type(state).__name__}")
-    known = _DEFAULT_STATES.get(comm.handle)
-    if known is None:
-        known = _DEFAULT_STATES[comm.handle] = HookState(comm)
-    return known
+    session = comm_state(comm)  # set up as the first hook's allreduce would: every rank's hooks come in one order
+    if session.hook is None:  # a communicator given as the state: its HookState, kept in its session
+        session.hook = HookState(comm)
+    return session.hook
 
 
 def _start(state: HookState, tensor, result, last: bool) -> torch.futures.Future[torch.Tensor]:

@@ -88,7 +88,7 @@ class Bytes:
 def array(tensor):
     """A contiguous CPU tensor as a flat numpy array on its memory, the same array for the same tensor
     while it keeps its memory and shape (so that ringtree's calls repeated on it run bound to it, as on
-    the same numpy arrays: again.AGAIN); ringtree's own conversion of any buffer, through DLPack, costs
+    the same numpy arrays: again.kept_runs); ringtree's own conversion of any buffer, through DLPack, costs
     some 10 µs a call more. A CUDA tensor, or one of a dtype numpy lacks, as it is."""
     key = id(tensor)
     kept = _VIEWS.get(key)

@@ -9,7 +9,7 @@ calling into ringtree, for C++ code (DDP's reducer) waits on it with no Python r
 - a work on host tensors is waited for at once, in the calling thread: on the CPU the ranks have
   a core each, which the backward pass needs; a thread spinning beside it cost DDP more than the
   overlap gave (docs/training.md);
-- a work on CUDA tensors goes to the progress thread (runtime/engine/progress.py), which waits for it as
+- a work on CUDA tensors goes to the progress thread (runtime/engine/in_flight.py), which waits for it as
   it does for a Communicator's MPI requests, while the calling thread goes on queueing the GPU's
   work. The thread takes a work only when no other thread is waiting on it.
 Either sets the Future's result, or its exception.
@@ -22,7 +22,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ..runtime.engine import progress
+from ..runtime.engine.in_flight import IN_FLIGHT
 from .request import Request
 
 __all__ = ["Work"]
@@ -46,7 +46,7 @@ class Work(dist._Work):
         with self._lock:
             self._finish(by_owner=True)
         if self._future is not None:
-            progress.forget(self)
+            IN_FLIGHT.thread.forget(self)
         if self._failure is not None:
             raise self._failure
         return True
@@ -80,7 +80,7 @@ class Work(dist._Work):
                 if self._completed:
                     self._settle()
                 elif _on_gpu(self._result):
-                    progress.watch(self)
+                    IN_FLIGHT.thread.watch(self)
                 else:
                     self._finish(by_owner=True)  # which settles it
         return self._future

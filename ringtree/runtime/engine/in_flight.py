@@ -1,9 +1,18 @@
 """Every request in flight in this process, with the op of the collective it belongs to: a wait on
 any collective polls them all, so outstanding calls progress together and in any order, in any
-thread (LOCK keeps the lists whole)."""
+thread (LOCK keeps the lists whole).
+
+IN_FLIGHT.thread moves the collectives of requests that code may wait on inside MPI
+(`MPI.Request.Waitall` on ringtree.Communicator's requests, request.MPIRequest): there no ringtree
+call runs to progress them, so this thread waits for them as a ringtree wait does (progressing
+every collective in flight, finding mismatches and failed peers) and completes their generalized
+requests. It runs only while such requests are pending, and never waits inside MPI. It takes a
+request only when no other thread holds it (a wait by its owner), so that no two threads test one
+MPI request."""
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 
@@ -40,6 +49,7 @@ class InFlight:
         # message's completion and the next one's post, in which another thread may look.
         self.running: set = set()
         self.remote_sends = RemoteSends()
+        self.thread = ProgressThread()  # for requests waited on inside MPI
 
     def add(self, request: MPI.Request, execution, op: int) -> None:
         self.requests.append(request)
@@ -240,6 +250,58 @@ def progress_others() -> bool:
         return True
 
 
+class ProgressThread:
+    """The one thread: the requests it progresses (by id: mpi4py's requests are not hashable), the
+    condition it sleeps on while there are none, itself once started, and whether the process ends."""
+
+    def __init__(self) -> None:
+        self.live: dict = {}
+        self.condition = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+
+    def watch(self, request) -> None:
+        """Progress `request` (its `advance()`) from the thread until it is complete."""
+        with self.condition:
+            self.live[id(request)] = request
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="ringtree-progress", daemon=True)
+                self.thread.start()
+            self.condition.notify()
+
+    def forget(self, request) -> None:
+        with self.condition:
+            self.live.pop(id(request), None)
+
+    def _run(self) -> None:
+        backoff = Backoff()  # the one back-off of every wait: the calling threads want the GIL and the cores
+        condition, live = self.condition, self.live
+        while True:
+            with condition:
+                while not live and not self.stopping:
+                    condition.wait()
+                    backoff.moved()
+                if self.stopping:
+                    return
+                pending = list(live.values())
+            done = [request for request in pending if request.advance()]
+            if done:
+                with condition:
+                    for request in done:
+                        live.pop(id(request), None)
+                backoff.moved()
+            else:
+                backoff.empty()
+
+    def stop(self) -> None:
+        with self.condition:
+            self.stopping = True
+            self.condition.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
 IN_FLIGHT = InFlight()
+atexit.register(IN_FLIGHT.thread.stop)  # registered after mpi4py's own exit handler, so it runs first: before MPI_Finalize
 # Held while a thread touches IN_FLIGHT or starts an Execution; never while it waits in MPI.
 LOCK = threading.RLock()

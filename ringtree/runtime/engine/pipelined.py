@@ -99,7 +99,7 @@ class Execution:
         """Post every ready message; then compute one ready op, and repeat."""
         actions, computes, buffers, pending = self.actions, self.computes, self.buffers, self.pending
         channel_next, transport_peers, remote = self.compiled.channel_next, self.transport_peers, self.remote
-        tracing = timeline.ACTIVE
+        tracing = timeline.TIMELINE.active
         while True:
             while ready:
                 i = ready.pop()
@@ -185,7 +185,7 @@ class Execution:
     def op_done(self, i: int) -> None:
         """A message, or a queued reduction or copy, has completed."""
         action = self.actions[i]
-        if timeline.ACTIVE and action is not None and action[0] < OpKind.REDUCE:
+        if timeline.TIMELINE.active and action is not None and action[0] < OpKind.REDUCE:
             timeline.completed(self, i)
         ready: list[int] = []
         self._finished(i, ready)

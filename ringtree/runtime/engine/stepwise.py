@@ -20,7 +20,7 @@ from ...schedule import OpKind
 from ..safety.backoff import wait_until
 from ..safety.failures import error_classes, translated, wrong_size
 from ..safety.mismatch import Evidence, Signature, everywhere
-from ..safety.threads import THREADED
+from ..safety.threads import THREADS
 from ..safety.watch import Watch
 from . import timeline
 from .compiled import EXCHANGE
@@ -44,8 +44,8 @@ def may_step(state, timeout) -> bool:
     engine's collective running (a receive of any tag would take its messages), no timeline to
     record, and a mismatch visible to its waits (with threads and signatures off, a step waits inside
     MPI, where no other thread may)."""
-    return (timeout is None and not IN_FLIGHT.running and not timeline.ACTIVE
-            and (state.signatures or not THREADED[1]))
+    return (timeout is None and not IN_FLIGHT.running and not timeline.TIMELINE.active
+            and (state.signatures or not THREADS.several))
 
 
 def bound_steps(steps: tuple[tuple, ...], buffers: list, remote: tuple) -> tuple[tuple, ...]:

@@ -17,19 +17,29 @@ import time
 
 from ...schedule import OpKind
 
-ACTIVE = False
-_template: str | None = None
-_events: list[dict] = []
-_posted_at: dict[tuple[int, int], float] = {}
+
+class Timeline:
+    """This process's recording: whether it is on (the engine reads `active` per op), the file's
+    template, the events so far, and when each message in flight was posted."""
+
+    __slots__ = ("active", "template", "events", "posted_at")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.template: str | None = None
+        self.events: list[dict] = []
+        self.posted_at: dict[tuple[int, int], float] = {}
+
+
+TIMELINE = Timeline()
 LANES = {str(kind): int(kind) + 1 for kind in OpKind}  # a trace's thread ids: send 1, recv 2, reduce 3, copy 4
 
 
 def start(template: str) -> None:
     """Record from now on, and write the file for this rank at exit; once per process."""
-    global ACTIVE, _template
-    if ACTIVE:
+    if TIMELINE.active:
         return
-    ACTIVE, _template = True, template
+    TIMELINE.active, TIMELINE.template = True, template
     atexit.register(_write_at_exit)
 
 
@@ -38,11 +48,11 @@ def now() -> float:
 
 
 def posted(execution, i: int) -> None:
-    _posted_at[(id(execution), i)] = now()
+    TIMELINE.posted_at[(id(execution), i)] = now()
 
 
 def completed(execution, i: int) -> None:
-    _record(execution, i, _posted_at.pop((id(execution), i)))
+    _record(execution, i, TIMELINE.posted_at.pop((id(execution), i)))
 
 
 def computed(execution, i: int, start: float) -> None:
@@ -55,7 +65,7 @@ def _record(execution, i: int, start: float) -> None:
     region = op.src if op.kind is OpKind.SEND else op.dst
     name = f"{op.kind} {region.count} el" + (f" {'to' if op.kind is OpKind.SEND else 'from'} {op.peer}"
                                              if op.peer is not None else "")
-    _events.append({
+    TIMELINE.events.append({
         "name": name, "cat": schedule.algorithm, "ph": "X", "ts": start, "dur": max(now() - start, 0.01),
         "tid": LANES[str(op.kind)],
         "args": {"op": i, "call": execution.seq, "tag": execution.tag, "detail": str(op)},
@@ -77,11 +87,11 @@ def _metadata(rank: int) -> list[dict]:
 
 
 def write(rank: int) -> str | None:
-    if not _events:
+    if not TIMELINE.events:
         return None
-    path = path_for(rank, _template)
+    path = path_for(rank, TIMELINE.template)
     with open(path, "w") as f:
-        json.dump({"traceEvents": _metadata(rank) + [{**e, "pid": rank} for e in _events],
+        json.dump({"traceEvents": _metadata(rank) + [{**e, "pid": rank} for e in TIMELINE.events],
                    "displayTimeUnit": "ms"}, f)
     return path
 

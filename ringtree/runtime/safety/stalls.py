@@ -1,7 +1,7 @@
 """Stalls are never silent: a rank that waits in a collective with no progress for
 RINGTREE_STALL_WARNING seconds (60 by default) logs a warning, and again after each such interval.
 
-WAITING says what the first thread to call ringtree waits in: [what, progress];
+WATCHDOG.first says what the first thread to call ringtree waits in: [what, progress];
 every other thread has a list of its own (`slot()`). A wait sets `what` (an
 Execution, a `Call`, anything with a `call` attribute giving one, or a
 description of its own) and clears it when done; every call and every message
@@ -19,22 +19,36 @@ from typing import NamedTuple
 
 from ...debug import log
 from ...words import counted
-from .threads import THREADED, get_ident
+from .threads import THREADS, get_ident
 
-__all__ = ["WAITING", "Call", "slot", "watch", "watched"]
+__all__ = ["WATCHDOG", "Call", "slot", "watch", "watched"]
 
-WAITING: list = [None, 0]
-_OTHERS: dict[int, list] = {}  # thread ident -> its [what, progress], for threads after the first
+
+class Watchdog:
+    """What each thread waits in, [what, progress]: the first calling thread's (`first`) and the
+    others' by ident; the watchdog thread once started."""
+
+    __slots__ = ("first", "others", "thread", "starting")
+
+    def __init__(self) -> None:
+        self.first: list = [None, 0]
+        self.others: dict[int, list] = {}
+        self.thread: threading.Thread | None = None
+        self.starting = threading.Lock()
+
+
+WATCHDOG = Watchdog()
 
 
 def slot() -> list:
-    """The calling thread's [what, progress]: WAITING for the first thread that called ringtree."""
+    """The calling thread's [what, progress]: WATCHDOG.first for the first thread that called ringtree."""
     ident = get_ident()
-    if THREADED[0] is None or ident == THREADED[0]:
-        return WAITING
-    mine = _OTHERS.get(ident)
+    if THREADS.first is None or ident == THREADS.first:
+        return WATCHDOG.first
+    others = WATCHDOG.others
+    mine = others.get(ident)
     if mine is None:
-        mine = _OTHERS[ident] = [None, 0]
+        mine = others[ident] = [None, 0]
     return mine
 
 
@@ -60,25 +74,21 @@ class Call(NamedTuple):
     peers: tuple[int, ...]  # the ranks it exchanges with; () when not known (MPI's own allreduce)
 
 
-_watcher: threading.Thread | None = None
-_STARTING = threading.Lock()
-
-
 def watch(interval: float | None) -> None:
     """Start the watchdog, once per process (no interval: stall warnings off)."""
-    global _watcher
-    with _STARTING:
-        if interval is None or _watcher is not None:
+    with WATCHDOG.starting:
+        if interval is None or WATCHDOG.thread is not None:
             return
-        _watcher = threading.Thread(target=_watch, args=(interval,), name="ringtree stall watchdog", daemon=True)
-        _watcher.start()
+        WATCHDOG.thread = threading.Thread(target=_watch, args=(interval,), name="ringtree stall watchdog",
+                                           daemon=True)
+        WATCHDOG.thread.start()
 
 
 def _watch(interval: float) -> None:
     watched: dict = {}  # thread -> (what, progress) last seen, since when, warnings given
     while True:
         time.sleep(min(1.0, interval / 4))
-        for thread, waiting in [(None, WAITING), *list(_OTHERS.items())]:
+        for thread, waiting in [(None, WATCHDOG.first), *list(WATCHDOG.others.items())]:
             now = (waiting[0], waiting[1])
             seen, since, warned = watched.get(thread, ((None, 0), 0.0, 0))
             if now[0] is None or now[0] is not seen[0] or now[1] != seen[1]:

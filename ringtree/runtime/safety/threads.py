@@ -11,15 +11,32 @@ import threading
 
 from mpi4py import MPI
 
-__all__ = ["FIRST_IN", "THREADED", "enter_call", "first_thread", "leave_call", "note_thread", "thread_token"]
+__all__ = ["THREADS", "enter_call", "first_thread", "leave_call", "note_thread", "thread_token"]
 
 get_ident = threading.get_ident
-THREADED = [None, False]  # [the first calling thread's ident, whether another thread has called since]
-# While only the first thread has called: [the handle of the communicator it is in a call on, or None;
-# that communicator once another thread has called on it meanwhile, or None]
-FIRST_IN: list = [None, None]
-_CLAIMING = threading.Lock()
-_TOKENS = threading.local()
+
+
+class Threads:
+    """This process's marks of the threads that call ringtree: the first calling thread's ident and
+    whether another has called since (`several`); while only the first has, the handle of the
+    communicator it is in a call on (`first_in`) and that communicator once another thread has called
+    on it meanwhile (`intruder`); once several have, who is in a call on which communicator
+    (`inside`: handle -> [the thread, how deep: ringtree's own calls on it within the call, a thread
+    that called meanwhile or None, the handle])."""
+
+    __slots__ = ("first", "several", "first_in", "intruder", "inside", "tokens", "claiming")
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.several = False
+        self.first_in: int | None = None
+        self.intruder = None
+        self.inside: dict[int, list] = {}
+        self.tokens = threading.local()
+        self.claiming = threading.Lock()
+
+
+THREADS = Threads()
 _LEVELS = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
            MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
 
@@ -28,22 +45,22 @@ def thread_token() -> object:
     """An object of the calling thread's own: unlike its ident, which a thread started after it ends
     may get, never another thread's while it is held."""
     try:
-        return _TOKENS.token
+        return THREADS.tokens.token
     except AttributeError:
-        token = _TOKENS.token = object()
+        token = THREADS.tokens.token = object()
         return token
 
 
 def first_thread(ident: int) -> int:
     """The first thread to call ringtree, which the thread `ident` becomes if none has yet: under a lock,
     so that of threads making their first calls at once only one takes the first thread's way
-    (one_caller.in_call), whose marks (FIRST_IN) are its alone."""
-    first = THREADED[0]
+    (one_caller.in_call), whose marks (first_in) are its alone."""
+    first = THREADS.first
     if first is None:
-        with _CLAIMING:
-            if THREADED[0] is None:
-                THREADED[0] = ident
-            first = THREADED[0]
+        with THREADS.claiming:
+            if THREADS.first is None:
+                THREADS.first = ident
+            first = THREADS.first
     return first
 
 
@@ -51,8 +68,8 @@ def note_thread(comm: MPI.Comm) -> bool:
     """Record the calling thread; return whether a second thread has called ringtree. RuntimeError,
     before any message, when a second thread calls and MPI was initialised below MPI_THREAD_MULTIPLE."""
     ident = get_ident()
-    if ident == first_thread(ident) or THREADED[1]:
-        return THREADED[1]
+    if ident == first_thread(ident) or THREADS.several:
+        return THREADS.several
     level = MPI.Query_thread()
     if level < MPI.THREAD_MULTIPLE:
         raise RuntimeError(
@@ -60,13 +77,8 @@ def note_thread(comm: MPI.Comm) -> bool:
             f"{_LEVELS.get(level, level)}, which lets only one thread call MPI; initialise it with "
             "MPI_THREAD_MULTIPLE (mpi4py's default; mpi4py.rc.thread_level = 'multiple'), or call ringtree from "
             "the thread that first did")
-    THREADED[1] = True
+    THREADS.several = True
     return True
-
-
-# comm handle -> [the thread in a call on it, how deep: ringtree's own calls on it within the call,
-#                 a thread that called meanwhile or None, the handle]
-_INSIDE: dict[int, list] = {}
 
 
 def enter_call(comm, second) -> list | None:
@@ -80,7 +92,7 @@ def enter_call(comm, second) -> list | None:
     if handle is None:  # not a communicator: the checks say so
         return None
     me = get_ident()
-    inside = _INSIDE.setdefault(handle, [me, 0, None, handle])
+    inside = THREADS.inside.setdefault(handle, [me, 0, None, handle])
     if inside[0] != me:
         inside[2] = me
         second(comm, inside[0])
@@ -96,5 +108,5 @@ def leave_call(inside: list | None) -> int | None:
         return None
     inside[1] -= 1
     if inside[1] == 0:
-        del _INSIDE[inside[3]]
+        del THREADS.inside[inside[3]]
     return inside[2]

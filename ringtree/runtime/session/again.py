@@ -1,11 +1,10 @@
-"""Calls repeated on the same arrays: a call's run kept bound to its small arrays (AGAIN, the fastest
-path of every collective); what calls share without being bound to arrays is in shapes.py.
+"""Calls repeated on the same arrays: a call's run kept bound to its small arrays (its session's
+`again`, the fastest path of every collective); what calls share without being bound to arrays is in
+shapes.py.
 
-Each public function looks its result array up in its own AGAIN entries (by id)
-and, if the other arguments are the same objects as before and the arrays pass
-the checks that can change in place, runs the entry again; `docs/design.md`,
-"The call path".
-"""
+Each public function looks its result array up in its communicator's kept runs (kept_runs: by
+public function and id) and, if the other arguments are the same objects as before and the arrays
+pass the checks that can change in place, runs the entry again; `docs/design.md`, "The call path"."""
 
 from __future__ import annotations
 
@@ -20,11 +19,12 @@ from ...schedule.collectives import COLLECTIVES
 from ..engine.in_flight import IN_FLIGHT
 from ..engine.native import native_on
 from ..engine.stepwise import bound_steps, run_stepwise
-from ..safety.stalls import WAITING, watched
-from ..safety.threads import FIRST_IN, THREADED, get_ident
+from ..safety.stalls import WATCHDOG, watched
+from ..safety.threads import THREADS, get_ident
 from .one_caller import intruded, one_caller
+from .state import SESSIONS, existing_state
 
-__all__ = ["AGAIN", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner", "place",
+__all__ = ["kept_runs", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner", "place",
            "flat"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
@@ -76,7 +76,7 @@ class _Again:
         self.what = what  # what a stall warning says of it (stalls.Call, or a description)
         self.confirm = confirm  # one_caller's confirmation of a blocking call's end (small.confirm_end)
         self.thread = get_ident()  # only the thread that made it runs it: another must be noted (threads.py)
-        self.handle = comm.handle  # the thread's mark while in it (threads.FIRST_IN)
+        self.handle = comm.handle  # the thread's mark while in it (threads.THREADS.first_in)
         self.world = comm is WORLD  # a call that leaves its communicator out (None) means this one
         self.other = None
 
@@ -99,19 +99,20 @@ class _Again:
     def _call(self, run, *arguments):
         """run(*arguments) as one_caller.in_call runs a call, its checks and watched() inlined."""
         comm = self.comm
-        if THREADED[1]:
+        if THREADS.several:
             return one_caller(comm, watched, partial(run, *arguments), self.what, confirm=self.confirm)
-        outer, FIRST_IN[0] = FIRST_IN[0], self.handle
-        WAITING[0] = self.what
+        outer, THREADS.first_in = THREADS.first_in, self.handle
+        waiting = WATCHDOG.first
+        waiting[0] = self.what
         try:
-            if THREADED[1]:  # THREADED read again: a second thread has called since
+            if THREADS.several:  # read again: a second thread has called since
                 ran = one_caller(comm, run, *arguments, confirm=self.confirm)
             else:
                 ran = run(*arguments)
         finally:
-            FIRST_IN[0], WAITING[0] = outer, None
-            WAITING[1] += 1
-        if FIRST_IN[1] is not None:
+            THREADS.first_in, waiting[0] = outer, None
+            waiting[1] += 1
+        if THREADS.intruder is not None:
             intruded()
         return ran
 
@@ -119,7 +120,7 @@ class _Again:
 class _NewResult(_Again):
     """A blocking call whose shape runs MPI's own, on an array new at each call: into a new result
     (recvbuf None: a solver's dot product) or, a broadcast's, on a new buffer. Kept by its shape, not
-    its arrays (AGAIN[name][id(None)]): a call of the same other arguments, communicator and algorithm
+    its arrays (its session's again[name][id(None)]): a call of the same other arguments, communicator and algorithm
     on a C-contiguous numpy array of the same dtype and shape runs the shape's plan on that array and a
     result made as the first call's was, which it returns."""
 
@@ -156,11 +157,22 @@ class _NewResult(_Again):
         return result
 
 
-# Each public function's (allreduce, iallreduce, broadcast, ...) by the id of its result array (two
-# collectives' calls on one array may take turns in a loop). Holding the arrays keeps them alive,
-# so only small ones (AGAIN_ENTRIES of at most NATIVE_AGAIN_MAX bytes), and a few.
-AGAIN: dict[str, dict[int, _Again]] = {name: {} for collective in COLLECTIVES for name in (collective,
-                                                                                          "i" + collective)}
+# A session's runs kept by public function (allreduce, iallreduce, broadcast, ...) and the id of their
+# result array (two collectives' calls on one array may take turns in a loop). Holding the arrays keeps
+# them alive, so only small ones (AGAIN_ENTRIES of at most NATIVE_AGAIN_MAX bytes), and a few.
+_NONE_KEPT: dict[str, dict] = {name: {} for collective in COLLECTIVES for name in (collective, "i" + collective)}
+
+
+def kept_runs(comm) -> dict[str, dict]:
+    """The runs kept on `comm` (None: MPI.COMM_WORLD) by public function and result array; none where
+    ringtree has not set it up (never written: a run is kept on its session, keep_again)."""
+    last = SESSIONS.last
+    if comm is last[0] or comm is None and last[0] is WORLD:
+        return last[1].again
+    state = existing_state(WORLD if comm is None else comm)
+    return _NONE_KEPT if state is None else state.again
+
+
 AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
 # bytes, where the run is MPI's own blocking collective, which takes so much less time than a
 # schedule's run that up to here the checks still weigh over 5 % of it (docs/performance.md)
@@ -195,7 +207,7 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
         return
     if after is not None:
         run = partial(_then, run, after)
-    kept, first = AGAIN[name if blocking else "i" + name], others[0]
+    kept, first = state.again[name if blocking else "i" + name], others[0]
     if len(kept) >= AGAIN_ENTRIES:
         kept.clear()
     entry = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
@@ -238,7 +250,7 @@ def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, conf
     if None in places or run is None:
         return
     arguments = buffers if given is first else buffers[:returned] + buffers[returned + 1:]
-    AGAIN[name][id(None)] = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run,
+    state.again[name][id(None)] = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run,
                                        what, confirm)
 
 
@@ -248,7 +260,7 @@ def may_keep(state, blocking: bool = True) -> bool:
     the communicator's first call is confirmed (one_caller.py), which an entry's run skips: a first call
     that raised leaves that to the next, on every rank. A started call confirms nothing either way."""
     if not state.signatures:
-        return not THREADED[1]
+        return not THREADS.several
     return not (blocking and state.unconfirmed)
 
 

@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 from ...errors import MismatchError
 from ..safety.mismatch import UNKNOWN, everywhere
-from ..safety.threads import FIRST_IN, THREADED, enter_call, first_thread, get_ident, leave_call, note_thread, thread_token
-from .state import LAST, existing_state
+from ..safety.threads import THREADS, enter_call, first_thread, get_ident, leave_call, note_thread, thread_token
+from .state import SESSIONS, existing_state
 
 __all__ = ["THREADS_BIT", "in_call", "intruded", "one_caller", "second_thread"]
 
@@ -27,24 +27,25 @@ SWITCH_WINDOW = 64  # calls confirmed from each call on a communicator by anothe
 def in_call(comm, run, *arguments, confirm=None):
     """run(*arguments) as a call on `comm` under the thread rules: once several threads call ringtree,
     as one_caller runs it. Before, in the first thread to call: marked as in a call on `comm`
-    (FIRST_IN), so that a second thread's first call on it raises on every rank, and so does this
+    (THREADS.first_in), so that a second thread's first call on it raises on every rank, and so does this
     call at its end; `confirm(comm)` ends the communicator's first call."""
-    first = THREADED[0]
-    if THREADED[1] or (first if first is not None else first_thread(get_ident())) != get_ident():
+    first = THREADS.first
+    if THREADS.several or (first if first is not None else first_thread(get_ident())) != get_ident():
         return one_caller(comm, run, *arguments, confirm=confirm)
     communicator = MPI.COMM_WORLD if comm is None else comm
-    outer = FIRST_IN[0]  # a call of ringtree's own within the call (check mode's agreement) gives it back
-    FIRST_IN[0] = getattr(communicator, "handle", None)  # before THREADED is read: a second thread sets that, then reads this
+    outer = THREADS.first_in  # a call of ringtree's own within the call (check mode's agreement) gives it back
+    # set before `several` is read: a second thread sets that, then reads this
+    THREADS.first_in = getattr(communicator, "handle", None)
     try:
-        if THREADED[1]:
+        if THREADS.several:
             result = one_caller(comm, run, *arguments, confirm=confirm)
         else:
             result = run(*arguments)
-            if outer is None and confirm is not None and FIRST_IN[1] is None:
+            if outer is None and confirm is not None and THREADS.intruder is None:
                 _confirm_if_due(comm, communicator, None, confirm)
     finally:
-        FIRST_IN[0] = outer
-    if FIRST_IN[1] is not None:
+        THREADS.first_in = outer
+    if THREADS.intruder is not None:
         intruded()
     return result
 
@@ -52,8 +53,8 @@ def in_call(comm, run, *arguments, confirm=None):
 def intruded() -> None:
     """At the end of the first thread's call (in_call, or allreduce's repeat): raise on every
     rank if a second thread called on its communicator meanwhile."""
-    if FIRST_IN[1] is not None:
-        comm, FIRST_IN[1] = FIRST_IN[1], None
+    if THREADS.intruder is not None:
+        comm, THREADS.intruder = THREADS.intruder, None
         second_thread(comm, None)
 
 
@@ -64,12 +65,12 @@ def one_caller(comm, run, *arguments, confirm=None):
     and the communicator's first call."""
     communicator = MPI.COMM_WORLD if comm is None else comm
     me = get_ident()
-    if not THREADED[1]:
-        note_thread(communicator)  # THREADED set before FIRST_IN is read: in_call reads them the other way
-    first = FIRST_IN[0]  # the first thread's call that began before any other thread called
-    if first is not None and me != THREADED[0] and first == getattr(communicator, "handle", None):
-        FIRST_IN[1] = communicator
-        second_thread(comm, THREADED[0])
+    if not THREADS.several:
+        note_thread(communicator)  # `several` set before `first_in` is read: in_call reads them the other way
+    first = THREADS.first_in  # the first thread's call that began before any other thread called
+    if first is not None and me != THREADS.first and first == getattr(communicator, "handle", None):
+        THREADS.intruder = communicator
+        second_thread(comm, THREADS.first)
     inside = enter_call(comm, second_thread)
     outermost = inside is not None and inside[1] == 1  # not a call of ringtree's own within one
     try:
@@ -100,7 +101,7 @@ def _confirm_if_due(comm, communicator, state, confirm) -> None:
 
 
 def _state(communicator):
-    last = LAST[0]  # read once: another thread may change it
+    last = SESSIONS.last  # read once: another thread may change it
     return last[1] if last[0] is communicator else existing_state(communicator)
 
 

@@ -18,7 +18,6 @@ from ..engine.pipelined import Execution
 from ..safety.mismatch import Signature
 from ..safety.stalls import Call
 from ..transports.choice import routed
-from .shapes import forget_bound
 
 __all__ = ["Plan", "build_plan", "schedule_plan"]
 
@@ -84,8 +83,7 @@ def build_plan(state, backend, choice, collective: Collective, count: int, dtype
     or the schedule's. `segment`: the caller's (None leaves IPC peers' messages unsplit); `stepwise`:
     whether a blocking call may run it a step at a time, where it is unsplit host memory."""
     if choice.algorithm == NATIVE:
-        if state.make_room():
-            forget_bound()  # the runs kept bound to arrays may hold the plan it freed
+        state.make_room()
         own = native_plan(reduce_op, backend.divide, state, count, dtype, sign, collective)
         plan = Plan(None, None, None, backend, None, None, own.average, dtype, [], [], (), sign, None, native=own)
     else:

@@ -1,5 +1,5 @@
-"""What calls share without being bound to their arrays: a call with its repeats on the same arguments
-(REPEATS, by their ids), and with the calls of its shape (SHAPES): by the checked shape, found after
+"""What calls share without being bound to their arrays, kept in their session: a call with its repeats
+on the same arguments (`repeats`, by their ids), and with the calls of its shape (`shapes`): by the checked shape, found after
 a call's checks, and by the arrangement of its arguments, found with only the checks that other
 arrays of the arrangement can fail (of_arrangement; repeat_of, an allreduce's own look-up by its
 checked shape). Runs bound to the arrays are again.py's; `docs/design.md`, "The call path".
@@ -14,30 +14,26 @@ from ... import settings
 from ...ops import known_op
 from ...schedule.ir import ALLREDUCE
 from ..engine.in_flight import IN_FLIGHT
-from .again import AGAIN, BY_ID, BY_VALUE, flat, may_keep, place
+from .again import BY_ID, BY_VALUE, flat, may_keep, place
 
-__all__ = ["REPEATS", "REPEATS_MAX", "SHAPES", "arguments_key", "shape_key", "of_arrangement", "keep_shape",
-           "seen_before", "forget_bound", "repeat_of"]
+__all__ = ["REPEATS_MAX", "arguments_key", "shape_key", "of_arrangement", "keep_shape", "seen_before", "repeat_of"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
-# Calls by their arguments' ids and values (arguments_key): what a call shares with the calls after
-# it on the same arguments.
-REPEATS: dict = {}
-REPEATS_MAX = 64  # entries, of REPEATS and of SHAPES
-# By a call's shape (shape_key): [what its calls share but their arrays, the arguments of its last
-# calls that ran unbound (seen_before)]; by its arguments' arrangement (arguments_key, arranged): (its
-# shape's entry, the arrangement: arrangement_of).
-SHAPES: dict = {}
+# A session's `repeats`: calls by their arguments' ids and values (arguments_key), what a call shares
+# with the calls after it on the same arguments. Its `shapes`: by a call's shape (shape_key), [what its
+# calls share but their arrays, the arguments of its last calls that ran unbound (seen_before)]; by its
+# arguments' arrangement (arguments_key, arranged), (its shape's entry, the arrangement: arrangement_of).
+REPEATS_MAX = 64  # entries, of each
 RECENT = 4  # argument sets: a loop that takes turns among as many binds each to its arrays
 
 
 def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, arranged=False) -> tuple | None:
-    """A call's key in REPEATS, where its arrays are numpy's own and its other arguments plain values;
+    """A call's key in its session's repeats, where its arrays are numpy's own and its other arguments plain values;
     None for any other (tensors, buffer specifications). A blocking call and a started one differ: the
-    first may run through its plan's persistent request (native_runner). `arranged`: its key in SHAPES
+    first may run through its plan's persistent request (native_runner). `arranged`: its key in `shapes`
     by its arguments' arrangement instead, arrays by dtype, shape and which of them are one array, with
-    the settings (by identity: SHAPES holds them), for the calls on other arrays of it (of_arrangement);
+    the settings (by identity: the entry holds them), for the calls on other arrays of it (of_arrangement);
     None before the first call has read the settings."""
     parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
     if arranged:
@@ -65,20 +61,21 @@ def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buff
 
 def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current, collective, count, dtype,
               reduce_op, inplace) -> tuple:
-    """A call's key in SHAPES: its collective's name, blocking or started, communicator, options as given
-    and settings (by identity: SHAPES holds them), and its checked collective, count, dtype, op and
+    """A call's key in its session's shapes: its collective's name, blocking or started, communicator,
+    options as given and settings (by identity: the entry holds them), and its checked collective, count, dtype, op and
     whether it is in place."""
     return (name, blocking, id(comm), algorithm, segment, check, timeout, id(current), collective, count, dtype,
             reduce_op, inplace)
 
 
-def of_arrangement(arranged, buffers, key) -> tuple | None:
+def of_arrangement(state, arranged, buffers, key) -> tuple | None:
     """(what the calls of its shape share, the call checked) of a call on numpy arrays of an arrangement
-    seen before (SHAPES by `arranged`, its arguments_key arranged; `key`, its arguments_key), after
+    seen before on `state`'s communicator (its shapes by `arranged`, its arguments_key arranged; `key`,
+    its arguments_key), after
     only the checks that other arrays of the arrangement can fail (rebound); None for the call to go
     the way of its full checks, as also where its arguments are among those the shape's last calls
     ran unbound with (seen_before), which that way binds to its arrays."""
-    found = SHAPES.get(arranged)
+    found = state.shapes.get(arranged)
     if found is None:
         return None
     entry, arrangement = found
@@ -93,7 +90,7 @@ def of_arrangement(arranged, buffers, key) -> tuple | None:
 
 def seen_before(entry, key, buffers) -> bool:
     """Whether a call's arguments (`key`; `buffers`, held so that the ids in it stay theirs) are among the
-    last RECENT that its shape's calls ran unbound (the SHAPES `entry`); remembered if not. A call is
+    last RECENT that its shape's calls ran unbound (the shapes `entry`); remembered if not. A call is
     bound to its arrays once they come again: new arrays each call would pay for bindings unused."""
     recent = entry[1]
     if key in recent:
@@ -108,16 +105,17 @@ def keep_shape(entry, key_of_shape, shape, call, blocking, buffers, key, arrange
     """Keep what the calls of a shape share (`shape`, with no arrays) by the shape's key, unless its
     `entry` is kept already, and, where the call's arguments have a key (`key`) and their arrangement a
     way to other arrays (arrangement_of), the arrangement by its key (`arranged`), with the entry."""
-    if len(SHAPES) >= REPEATS_MAX:
-        SHAPES.clear()
+    shapes = shape.state.shapes
+    if len(shapes) >= REPEATS_MAX:
+        shapes.clear()
     if entry is None:
-        SHAPES[key_of_shape] = entry = [shape, {}]
+        shapes[key_of_shape] = entry = [shape, {}]
         if key is not None and not may_keep(shape.state, blocking):
             seen_before(entry, key, buffers)  # its arrays are not bound now: bound once they come again
     if key is not None:
-        arrangement = arrangement_of(call, buffers) if arranged not in SHAPES else None
+        arrangement = arrangement_of(call, buffers) if arranged not in shapes else None
         if arrangement is not None:
-            SHAPES[arranged] = entry, arrangement
+            shapes[arranged] = entry, arrangement
 
 
 def arrangement_of(call, buffers) -> tuple | None:
@@ -175,27 +173,18 @@ def rebound(arrangement, buffers):
                 result, None, None)  # collective_args.Prepared's fields in their order: no after, no context
 
 
-def forget_bound() -> None:
-    """Forget every run kept bound to arrays: a plan they may hold was freed, or they may wait inside
-    MPI, which a call may no longer do."""
-    for kept in AGAIN.values():
-        kept.clear()
-    REPEATS.clear()
-    SHAPES.clear()
-
-
-def repeat_of(sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):
-    """The shortcut of a stepwise or native allreduce of a shape seen before (SHAPES, as call_path._first
-    keys it) on the same communicator: same op, algorithm, dtype, size and in-place-ness, numpy arrays,
+def repeat_of(state, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):
+    """The shortcut of a stepwise or native allreduce of a shape seen before (`state`'s shapes, as
+    call_path._first keys it) on the same communicator: same op, algorithm, dtype, size and in-place-ness, numpy arrays,
     default segment, check and timeout. Only what may differ between such calls is checked: the arrays'
-    layout, writability and overlap. Returns (plan, state, steps, source, target, in place, its SHAPES
+    layout, writability and overlap. Returns (plan, state, steps, source, target, in place, its shapes
     entry), or None for allreduce to check the call in full. A `blocking` call takes it only with
     nothing in flight (the stepwise path)."""
     if (type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
             or type(algorithm) is not str or (blocking and IN_FLIGHT.running)):
         return None
     inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
-    seen = SHAPES.get(shape_key("allreduce", blocking, WORLD if comm is None else comm, algorithm, None, None, None,
+    seen = state.shapes.get(shape_key("allreduce", blocking, WORLD if comm is None else comm, algorithm, None, None, None,
                                 settings.cached(), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
     if seen is None:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -17,6 +18,7 @@ from mpi4py import MPI
 from ... import settings
 from ...debug import configure_debug_logging, log
 from ...errors import MismatchError, TimeoutError
+from ...schedule.collectives import COLLECTIVES
 from ...schedule.topology import Topology
 from ...tuning import cache, selector
 from ...tuning.online import Tuner
@@ -27,17 +29,32 @@ from ..engine.native import free_plan
 from ..safety import stalls
 from ..safety.backoff import wait_until
 from ..safety.mismatch import TagLayout
-from ..safety.threads import THREADED, thread_token
+from ..safety.threads import THREADS, thread_token
 
-_keyval: int | None = None
-# The last communicator used and its state, as one (comm, state) pair that a thread reads at once: a
-# loop on one communicator skips the attribute lookup. In a list, changed in place, so that
-# allreduce's repeat path may hold it.
-LAST: list = [(None, None)]
-_SETTING_UP = threading.Lock()  # one thread creates the keyval, or a communicator's lock below
-# Per communicator (by handle), the lock its set-up holds: two threads that both make a first call
-# on it set it up once, and the second waits for the first instead of issuing its collectives too.
-_SET_UP: dict[int, threading.Lock] = {}
+NO_LAST = (object(), None)  # what no communicator, nor None, is
+
+
+class Sessions:
+    """This process's communicator states: the MPI attribute key they hang by (made at the first
+    call); the last communicator used and its state, as one (comm, state) pair that a thread reads at
+    once, so that a loop on one communicator skips the attribute look-up; per communicator being set
+    up (by handle), the lock its set-up holds, so that two threads that both make a first call on it set
+    it up once, the second waiting for the first instead of issuing its collectives too; the states in
+    use, held weakly (a second thread makes every one forget its bound runs); and the states whose
+    communicators messages may still reach (a broken call, an announcement), never freed."""
+
+    __slots__ = ("keyval", "last", "setting_up", "set_up", "live", "never_freed")
+
+    def __init__(self) -> None:
+        self.keyval: int | None = None
+        self.last: tuple = NO_LAST
+        self.setting_up = threading.Lock()  # one thread makes the keyval, or a communicator's lock
+        self.set_up: dict[int, threading.Lock] = {}
+        self.live: weakref.WeakSet = weakref.WeakSet()
+        self.never_freed: list = []
+
+
+SESSIONS = Sessions()
 NATIVE_PLANS = 64
 NEVER_FREED: list = []  # states whose communicators messages may still reach (a broken call, an announcement)
 
@@ -49,8 +66,7 @@ class CommState:
         name = comm.Get_name() or "comm"
         self.broken: Exception | None = None  # set by a mismatch, timeout or failure: not to be used again
         self.announced = False  # whether this rank told the others which call it waited in (mismatch.py)
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
         # Every rank must make the same choices: compare what they depend on, once per communicator.
         # A rank that cannot read its settings or load its table still takes part, so that none waits for it.
         failure = None
@@ -66,6 +82,11 @@ class CommState:
         except (OSError, ValueError) as error:
             failure, mine = error, f"no usable settings ({error})"
         self.plans: dict = {}  # per call shape: the Plan built on its first call
+        # Calls kept for the calls after them: by public function and result array, runs bound to small
+        # arrays (again.py); by arguments, and by shape (shapes.py).
+        self.again: dict[str, dict] = {name: {} for collective in COLLECTIVES for name in (collective, "i" + collective)}
+        self.repeats, self.shapes = {}, {}
+        self.hook = None  # the DDP hooks' HookState where a hook's state is this communicator (api/torch.py)
         self.passed_through: dict = {}  # per signature: the communicator of calls MPI's own computes (passed_through.py)
         self.transports: dict = {}  # device layer -> its transport, or None (runtime/transports/choice.py)
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
@@ -107,8 +128,7 @@ class CommState:
         # For one_caller.py: a bit flipped in every signature code while its calls are confirmed, as
         # calls after another thread's are; the thread that called last, and how many of its calls
         # are still to be confirmed; whether its first call is still to be confirmed.
-        self.threads_bit = 0
-        self.caller, self.to_confirm = thread_token(), 0
+        self.threads_bit, self.caller, self.to_confirm = 0, thread_token(), 0
         self.unconfirmed = True
         self.confirming: dict = {}  # thread -> the byte its confirmations allreduce and their bound run (small.py)
         self.exchanging: dict = {}  # thread -> the arrays its alltoalls' counts are summed in and their bound run (counts.py)
@@ -128,14 +148,23 @@ class CommState:
             self.answers = [sent for sent in self.answers if not sent.Test()]
             self.answers.append(request)
 
+    def forget_bound(self) -> None:
+        """Forget the calls kept for the calls after them: a plan they may hold was freed, or their runs
+        may wait inside MPI, which a call may no longer do."""
+        for kept in self.again.values():
+            kept.clear()
+        self.repeats.clear()
+        self.shapes.clear()
+
     def free(self) -> None:
         broken, self.broken = self.broken, ValueError("the communicator was freed")  # the repeat paths check it
+        self.forget_bound()
         # Messages of the call that broke it, or this rank's word of which call it was in, may still be
         # unreceived: were its communicators freed, MPI could give their context to a new one, and the
         # messages to its receives.
         keep = broken is not None or self.announced
         if keep:
-            NEVER_FREED.append(self)
+            SESSIONS.never_freed.append(self)
             return
         for plan in self.plans.values():
             if plan.native is not None:
@@ -153,15 +182,14 @@ class CommState:
         if self.broken is not None:
             raise type(self.broken)(f"ringtree on rank {self.rank}: this communicator is unusable after: {self.broken}")
 
-    def make_room(self) -> bool:
+    def make_room(self) -> None:
         """Before a native plan is made: keep at most NATIVE_PLANS, each of which holds a communicator,
-        freeing the oldest (plans are made at the same calls on every rank, so it is the same one).
-        Says whether it freed one (whose request runs kept on the same arrays may hold)."""
+        freeing the oldest (plans are made at the same calls on every rank, so it is the same one), and
+        with it the calls kept bound to arrays, which may hold it."""
         natives = [key for key, plan in self.plans.items() if plan.native is not None]
-        if len(natives) < NATIVE_PLANS:
-            return False
-        free_plan(self.plans.pop(natives[0]).native)
-        return True
+        if len(natives) >= NATIVE_PLANS:
+            free_plan(self.plans.pop(natives[0]).native)
+            self.forget_bound()
 
     def next_tag(self, code: int) -> int:
         """The tag of the next collective, of signature `code` (mismatch.py): ranks call collectives in
@@ -223,10 +251,10 @@ def _tuner(comm: MPI.Comm, topology: Topology, current: settings.Settings) -> Tu
 
 
 def _free(comm, keyval, state) -> int:
-    if LAST[0][1] is state:
-        LAST[0] = (None, None)
-    with _SETTING_UP:
-        _SET_UP.pop(comm.handle, None)
+    if SESSIONS.last[1] is state:
+        SESSIONS.last = NO_LAST
+    with SESSIONS.setting_up:
+        SESSIONS.set_up.pop(comm.handle, None)
     if not MPI.Is_finalized():
         state.free()
     return MPI.SUCCESS
@@ -235,7 +263,7 @@ def _free(comm, keyval, state) -> int:
 def _wait(*requests, timeout, rank, name) -> None:
     if timeout is None:
         def wait() -> None:
-            if not THREADED[1]:
+            if not THREADS.several:
                 MPI.Request.Waitall(requests)
             else:  # other threads' collectives move meanwhile
                 wait_until(lambda: MPI.Request.Testall(requests), progress_others)
@@ -255,32 +283,48 @@ def _wait(*requests, timeout, rank, name) -> None:
     wait_until(arrived)
 
 
+def forget_waits_inside_mpi() -> None:
+    """Once several threads call: forget the kept calls of the communicators without signatures, whose
+    runs may wait inside MPI, which no call may then do (again.may_keep)."""
+    with SESSIONS.setting_up:
+        states = list(SESSIONS.live)
+    for state in states:
+        if not state.signatures:
+            state.forget_bound()
+
+
 def existing_state(comm: MPI.Comm) -> CommState | None:
     """`comm`'s state if ringtree has set it up, without setting it up (none for a null communicator, which
     a call's checks then refuse by name)."""
-    if _keyval is None or not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+    last = SESSIONS.last
+    if comm is last[0]:
+        return last[1]
+    keyval = SESSIONS.keyval
+    if keyval is None or not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
         return None
-    return comm.Get_attr(_keyval)
+    return comm.Get_attr(keyval)
 
 
 def comm_state(comm: MPI.Comm, timeout: float | None = None) -> CommState:
-    global _keyval
-    last = LAST[0]
+    last = SESSIONS.last
     if comm is last[0]:
         return last[1]
-    with _SETTING_UP:
-        if _keyval is None:
-            _keyval = MPI.Comm.Create_keyval(delete_fn=_free)
-    state = comm.Get_attr(_keyval)
+    with SESSIONS.setting_up:
+        if SESSIONS.keyval is None:
+            SESSIONS.keyval = MPI.Comm.Create_keyval(delete_fn=_free)
+    keyval = SESSIONS.keyval
+    state = comm.Get_attr(keyval)
     if state is None:
-        with _SETTING_UP:
-            setting_up = _SET_UP.setdefault(comm.handle, threading.Lock())
+        with SESSIONS.setting_up:
+            setting_up = SESSIONS.set_up.setdefault(comm.handle, threading.Lock())
         # Collective, under this communicator's lock alone: a thread waiting here for the other ranks
         # must not keep another thread from setting up a communicator of its own.
         with setting_up:
-            state = comm.Get_attr(_keyval)
+            state = comm.Get_attr(keyval)
             if state is None:
                 state = CommState(comm, timeout)
-                comm.Set_attr(_keyval, state)
-    LAST[0] = (comm, state)
+                comm.Set_attr(keyval, state)
+                with SESSIONS.setting_up:
+                    SESSIONS.live.add(state)
+    SESSIONS.last = (comm, state)
     return state
