@@ -93,8 +93,7 @@ class BoundNative(NativeInFlight):
             state.check_usable()
         self.request.Start()
         self.done = False
-        self.seq = state.calls  # counted as every call is (run_native)
-        state.calls = self.seq + 1
+        self.seq = state.next_call()
 
     def free(self) -> None:
         """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""

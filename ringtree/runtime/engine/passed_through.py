@@ -42,8 +42,7 @@ class PassedThrough:
         else:  # the most recently used last: the least recently used is freed to make room
             state.passed_through[signature] = own
         self.request = start(own)
-        self.seq = state.calls  # counted as every call is
-        state.calls = self.seq + 1
+        self.seq = state.next_call()
         self.done = False
 
     def test(self) -> bool:

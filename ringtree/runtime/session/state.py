@@ -56,7 +56,6 @@ class Sessions:
 
 SESSIONS = Sessions()
 NATIVE_PLANS = 64
-NEVER_FREED: list = []  # states whose communicators messages may still reach (a broken call, an announcement)
 
 
 class CommState:
@@ -191,11 +190,17 @@ class CommState:
             free_plan(self.plans.pop(natives[0]).native)
             self.forget_bound()
 
+    def next_call(self) -> int:
+        """The number of the call that begins now: every rank counts its calls alike, so a message of
+        one call is never taken for another's (the one count of calls; its tags are next_tag's)."""
+        seq = self.calls
+        self.calls = seq + 1
+        return seq
+
     def next_tag(self, code: int) -> int:
         """The tag of the next collective, of signature `code` (mismatch.py): ranks call collectives in
         the same order, so they agree on it if they agree on the call."""
-        seq = self.calls
-        self.calls = seq + 1
+        seq = self.next_call()
         return (seq % self.cycle) * self.codes + ((code ^ self.threads_bit) & self.mask)  # TagLayout.tag, inlined
 
 
