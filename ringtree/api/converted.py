@@ -15,7 +15,8 @@ from ..algorithms import GENERATORS
 from ..debug import configure_debug_logging, log
 from ..ops import MPI_OP, ReduceOp, op_name, parse_op
 from ..runtime.checks.refusal import refusing
-from ..runtime.engine.passed_through import PassedThrough
+from ..runtime.engine.native import NativeInFlight
+from ..runtime.engine.passed_through import pass_through
 from ..runtime.safety.mismatch import signature
 from ..runtime.session.one_caller import in_call
 from ..runtime.session.small import confirm_end
@@ -65,7 +66,7 @@ def converted_call(run, start, sendbuf, recvbuf, op, comm, algorithm="auto", tim
 
 
 def passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start,
-                   blocking: bool = False) -> PassedThrough | None:
+                   blocking: bool = False) -> NativeInFlight | None:
     """MPI's own collective of mpi4py's `method` with `arguments`, which ringtree does not compute
     (`why`), started by `start(comm)` on the communicator of its signature, once the call's
     communicator, options and settings are checked; under the thread rules, as every call (a refusal,
@@ -82,7 +83,7 @@ def _passed_through_and_waited(*arguments) -> None:
     _passed_through(*arguments).wait()
 
 
-def _passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start) -> PassedThrough:
+def _passed_through(comm, method: str, algorithm, timeout, why: str, arguments: tuple, start) -> NativeInFlight:
     name = COLLECTIVES[method]
     _, state, _, timeout = checked(name, comm, timeout, lambda: (
         check_comm(comm, name), name in GENERATORS and check_options(name, comm, algorithm, None, None)))
@@ -91,7 +92,7 @@ def _passed_through(comm, method: str, algorithm, timeout, why: str, arguments: 
     with refusing(comm):
         count, datatype, op, root = _described(method, arguments)
         sign = signature(count, datatype, op, algorithm, None, name, root)
-        return PassedThrough(state, sign, timeout, start, arguments)
+        return pass_through(state, sign, timeout, start, arguments)
 
 
 def _received(sendbuf, recvbuf) -> tuple:

@@ -64,7 +64,8 @@ def _bound_native(started, source, target, inplace, reduce_op) -> BoundNative | 
     own persistent request of these arrays on a native plan of the request's own; else None, to ask
     again at the next Start."""
     native = getattr(started, "_execution", None)
-    if type(native) is not NativeInFlight or native.then is not None:  # a trial's then records its time
+    # a trial's `then` records its time; an op of none: a call MPI's own computes (passed_through.py)
+    if type(native) is not NativeInFlight or native.then is not None or native.own.op is None:
         return None
     state, own = native.state, native.own
     if state.broken is not None or settings.current().check:
@@ -84,7 +85,7 @@ class BoundNative(NativeInFlight):
 
     def __init__(self, own: MPICollective, state, source, target, in_place: bool, what) -> None:
         self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
-        self.then, self.what, self.done, self.seq = None, what, True, 0  # inactive until started
+        self.then, self.what, self.done, self.seq, self.timeout = None, what, True, 0, None  # inactive until started
         self.request = own.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, own.op)
 
     def start(self) -> None:

@@ -17,6 +17,7 @@ from ...schedule.ir import ALLREDUCE, Collective
 from ...tuning.online import Tuner
 from ..safety.backoff import backed_off, settled
 from ..safety.mismatch import Signature, everywhere
+from ..safety.reliability import check_given_up
 from ..safety.stalls import watched
 from ..safety.watch import Watch
 from .in_flight import progress_others
@@ -277,17 +278,20 @@ def _plan_copies(own: MPICollective, rank: int, source, target, root):
 
 
 class NativeInFlight:
-    """MPI's own allreduce that iallreduce started, on the caller's arrays (an Iallreduce: the plan's
-    persistent request may be busy with another call): what a Request tests and waits on. Its waits
-    progress ringtree's collectives in flight and look for a mismatch, as a blocking call's do."""
+    """MPI's own collective of a call, started on its plan's communicator: an Iallreduce of `source`
+    into `target` (the plan's persistent request may be busy with another call), or what `start()`
+    starts (native_start's; a call MPI's own computes, passed_through.py, whose `source` is the
+    arrays MPI writes into). What a Request tests and waits on: its waits progress ringtree's
+    collectives in flight and look for a mismatch, as a blocking call's do; with a `timeout`, they
+    keep it, and a rank that gave the call up meanwhile is an error once it is done."""
 
-    __slots__ = ("own", "state", "comm", "request", "seq", "source", "target", "then", "what", "done")
+    __slots__ = ("own", "state", "comm", "request", "seq", "source", "target", "then", "what", "done", "timeout")
 
-    def __init__(self, own: MPICollective, state, source, target, in_place: bool, then, what, start=None) -> None:
-        """`then()`, if given, runs once it is done; `what`: the call as a stall warning describes it. `start()`,
-        if given, starts the call (native_start's; else it is an allreduce of these arrays)."""
+    def __init__(self, own: MPICollective, state, source, target, in_place: bool, then, what, start=None,
+                 timeout: float | None = None) -> None:
+        """`then()`, if given, runs once it is done; `what`: the call as a stall warning describes it."""
         self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
-        self.then, self.what, self.done = then, what, False
+        self.then, self.what, self.done, self.timeout = then, what, False, timeout
         if start is None:
             self.request = own.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, own.op)
         else:
@@ -306,11 +310,13 @@ class NativeInFlight:
             return
         if not settled(self.request.Test, progress_others):
             watched(partial(_wait, self.request, self.state, self.seq, self.own.signature,
-                            (self.source, self.target)), self.what)
+                            (self.source, self.target), self.timeout), self.what)
         self._complete()
 
     def _complete(self) -> None:
         self.done = True
+        if self.timeout is not None:  # its messages may have come from a rank that left it since
+            check_given_up(self.state, self.seq, self.own.signature.collective)
         if self.own.average:
             self.own.divide(self.target, self.state.size)
         if self.then is not None:
@@ -342,7 +348,7 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
     try:
         backed_off(request.Test, progress_others, QUIET_SECONDS,
                    partial(Watch, state, seq, signature, announce=True, timeout=timeout,
-                           waits_for="it waits in MPI's own collective"))
+                           waits_for=f"it waits in MPI's own {signature.collective}"))
     except (MismatchError, TimeoutError):
         state.abandoned.append((request, arrays))
         raise

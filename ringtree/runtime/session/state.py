@@ -86,7 +86,7 @@ class CommState:
         self.again: dict[str, dict] = {name: {} for collective in COLLECTIVES for name in (collective, "i" + collective)}
         self.repeats, self.shapes = {}, {}
         self.hook = None  # the DDP hooks' HookState where a hook's state is this communicator (api/torch.py)
-        self.passed_through: dict = {}  # per signature: the communicator of calls MPI's own computes (passed_through.py)
+        self.passed_through: dict = {}  # per signature: the plan of calls MPI's own computes (passed_through.py)
         self.transports: dict = {}  # device layer -> its transport, or None (runtime/transports/choice.py)
         # Nonblocking, so that a rank that never comes is a timeout, not a hang. Plain mpi4py ones, also
         # for a ringtree.Communicator (whose Idup makes its kind, with allreduces of ringtree's). The one
@@ -168,8 +168,8 @@ class CommState:
         for plan in self.plans.values():
             if plan.native is not None:
                 free_plan(plan.native)
-        for comm in self.passed_through.values():
-            comm.Free()
+        for own in self.passed_through.values():
+            own.comm.Free()
         for transport in self.transports.values():
             if transport is not None:
                 transport.close()
