@@ -413,3 +413,75 @@ def test_calls_on_new_arrays_each_take_their_shape_s_run_for_every_collective_wi
         _new_result_call(name, (np.arange(4 * size) + rank)[::2], comm=local)
     assert_everywhere(comm, failures)
     local.Free()
+
+
+def _past_kept_runs(monkeypatch) -> list:
+    """A list that gets an item at each call that goes past the runs kept for it (call_path._called)."""
+    from ringtree.api import call_path
+
+    entered: list = []
+    monkeypatch.setattr(call_path, "_called", lambda *arguments, called=call_path._called: entered.append(1)
+                        or called(*arguments))
+    return entered
+
+
+def _into_given_call(name, send, recv, comm, root=0):
+    """ringtree's call `name` of `send` into `recv`, with MPI's own result on the same inputs: (ours, MPI's);
+    a reduce's other ranks than the root get None from ringtree, and MPI's result None."""
+    expected = np.empty_like(recv)
+    if name == "allreduce":
+        comm.Allreduce(send, expected)
+    elif name == "reduce_scatter":
+        comm.Reduce_scatter_block(send, expected)
+    elif name == "allgather":
+        comm.Allgather(send, expected)
+    elif name == "reduce":
+        comm.Reduce(send, expected, root=root)
+        expected = expected if comm.rank == root else None
+    else:
+        comm.Alltoall(send, expected)
+    return _into(name, send, recv, comm, root), expected
+
+
+def _into(name, send, recv, comm, root=0):
+    call = getattr(ringtree, name)
+    return call(send, recv, root=root, comm=comm) if name == "reduce" else call(send, recv, comm=comm)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "reduce", "alltoall"])
+def test_calls_on_new_arrays_into_a_new_result_given_take_their_shape_s_run_with_mpi_s_result(
+        comm, name, monkeypatch, mpi_s_own_everywhere):
+    """A loop of small calls of a new input into a result array given but new each call, that run MPI's
+    own: after the first calls none goes past the shape's kept run (again._NewResult.ran_into), every
+    result exactly MPI's; then a result of another dtype or shape, a read-only one, and one that
+    overlaps the input are refused as a first call's are."""
+    entered, failures = _past_kept_runs(monkeypatch), []
+    local = comm.Dup()
+    rank, size = comm.rank, comm.size
+    sizes = {"reduce_scatter": 2, "allgather": 2 * size * size}  # the result's elements, of 2 * size sent
+    full = 0
+    for call in range(60):
+        send = np.arange(2 * size, dtype=np.int64) * (rank + 1) + call
+        recv = np.empty(sizes.get(name, 2 * size), np.int64)
+        entered.clear()
+        got, expected = _into_given_call(name, send, recv, local)
+        full += len(entered) if call >= 10 else 0
+        if (got is None) != (expected is None) or (got is not None and (got is not recv or
+                                                                        not np.array_equal(got, expected))):
+            failures.append(f"call {call}: {got} != {expected}")
+            break
+    if full:
+        failures.append(f"{full} of the last 50 calls went past the kept run")
+    send = np.arange(2 * size, dtype=np.int64) + rank
+    read_only = np.empty(sizes.get(name, 2 * size), np.int64)
+    read_only.flags.writeable = False
+    refused = {"another dtype": np.empty(read_only.size, np.int32), "read-only": read_only}
+    for recv in refused.values():  # a reduce's other ranks, whose recvbuf is not looked at, learn of the root's refusal
+        with pytest.raises((TypeError, ValueError, ringtree.MismatchError), match=f"on rank {rank}"):
+            _into(name, send, recv, local)
+    if name in ("allreduce", "alltoall"):
+        whole = np.arange(4 * size, dtype=np.int64) + rank
+        with pytest.raises(ValueError, match=f"on rank {rank}: .*overlap"):
+            _into(name, whole[:2 * size], whole[size:3 * size], local)
+    assert_everywhere(comm, failures)
+    local.Free()

@@ -25,7 +25,7 @@ from ..runtime.engine.stepwise import may_step
 from ..runtime.safety.mismatch import Signature, signature
 from ..runtime.safety.stalls import watched
 from ..runtime.safety.threads import THREADS
-from ..runtime.session.again import keep_again, keep_new_result, may_keep, steps_runner
+from ..runtime.session import again
 from ..runtime.session.one_caller import in_call
 from ..runtime.session.plan import build_plan
 from ..runtime.session.shapes import (
@@ -59,6 +59,10 @@ NDARRAY = np.ndarray
 def run(name: str, blocking: bool, comm, algorithm, segment, check, timeout, *buffers):
     """A call of collective `name` on `buffers` (its arguments, as the public function takes them):
     its result where `blocking`, else its Request."""
+    if blocking and segment is check is timeout is None:  # new arrays, a result given among them: its shape's run
+        ran = again.ran_into_given(name, comm, algorithm, buffers)
+        if ran is not again.MISSED:
+            return ran
     confirm = None if not blocking else confirm_end if timeout is None else partial(confirm_end, timeout=timeout)
     return in_call(comm, _called, name, blocking, comm, algorithm, segment, check, timeout, buffers, True, confirm=confirm)
 
@@ -96,7 +100,8 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
         made = np.empty_like(sendbuf) if recvbuf is None and type(sendbuf) is NDARRAY else None
         hit = None if state is None else repeat_of(state, sendbuf, recvbuf if made is None else made, op, comm,
                                                    algorithm, segment, check, timeout, blocking)
-        if hit is not None and made is None:
+        if hit is not None and made is None and not (blocking and hit[0].native is not None
+                                                     and again.would_keep_into_given(state, name, sendbuf, recvbuf)):
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
         # not bound to the new arrays; a native shape's run is kept by its shape (_bound) unless one is
         if hit is not None and (not blocking or hit[0].native is None or id(None) in state.again["allreduce"]):
@@ -117,12 +122,9 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
             repeat.state.check_usable()
         if repeat.comparison is not None:
             _agree(repeat)
-    return _run(repeat, blocking) if repeat.call.context is None else _ran(repeat, blocking)
-
-
-def _ran(repeat: _Repeat, blocking: bool):
-    """_run in the call's context (a CUDA tensor's: torch's current stream)."""
-    with repeat.call.context:
+    if repeat.call.context is None:
+        return _run(repeat, blocking)
+    with repeat.call.context:  # a CUDA tensor's: torch's current stream
         return _run(repeat, blocking)
 
 
@@ -184,17 +186,17 @@ def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
     if not blocking:
         start = partial(_started, plan, state, source, target, inplace, what, recvbuf)
         if kept:
-            keep_again("allreduce", False, buffers, recvbuf, target.nbytes, algorithm, comm, state, start, None, what,
+            again.keep_again("allreduce", False, buffers, recvbuf, target.nbytes, algorithm, comm, state, start, None, what,
                        None)
         return start()
     if plan.native is None:
-        run = steps_runner(plan, state, steps, source, target)
+        run = again.steps_runner(plan, state, steps, source, target)
     elif kept:  # memoryviews made once pay off for arrays the next call brings again
         run = native_runner(plan.native, state, source, target, inplace)
     else:
         run = partial(run_native, plan.native, state, source, target, inplace)
     if kept:
-        keep_again("allreduce", True, buffers, recvbuf, target.nbytes, algorithm, comm, state, run, None, what,
+        again.keep_again("allreduce", True, buffers, recvbuf, target.nbytes, algorithm, comm, state, run, None, what,
                    confirm_end, plan.native is not None)
     watched(run, what)
     return recvbuf
@@ -321,7 +323,7 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
     if plan.bound is not None and timeout is None:  # stepwise waits keep none
         compiled_steps = plan.in_place_steps if call.inplace else plan.steps
         if compiled_steps is not None:
-            steps = steps_runner(plan, state, compiled_steps, call.source, call.target)
+            steps = again.steps_runner(plan, state, compiled_steps, call.source, call.target)
     arrays = tuple((value, value.dtype, value is call.result) for value in buffers if type(value) is NDARRAY)
     repeat = _Repeat((comm, *buffers), arrays, call, state, shape.signature, plan, native, run, steps, shape.what,
                      timeout, shape.comparison, after, trial)
@@ -333,14 +335,14 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
             if not blocking:  # the plan's start with its arguments bound, where there is nothing to do after
                 start = (partial(_start, repeat) if after is not None else partial(
                     _started, plan, state, call.source, call.target, call.inplace, repeat.what, call.result, native))
-                keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, start, None, repeat.what,
+                again.keep_again(name, False, buffers, call.result, nbytes, algorithm, comm, state, start, None, repeat.what,
                            None)
             elif run is not None or (steps is not None and may_step(state, None)):
-                keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
+                again.keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
         if blocking and plan.native is not None:  # for the calls of its shape on new arrays
-            keep_new_result(name, buffers, call, algorithm, comm, state, plan.native, repeat.what, confirm_end)
-    if (key is not None and trial is None and may_keep(state, blocking)  # else bound when the arrays come again
+            again.keep_new_result(name, buffers, call, algorithm, comm, state, plan.native, repeat.what, confirm_end)
+    if (key is not None and trial is None and again.may_keep(state, blocking)  # else bound when the arrays come again
             and (call.result is None or any(written for *_, written in arrays))):
         repeats = state.repeats
         if len(repeats) >= REPEATS_MAX:

@@ -18,6 +18,7 @@ from ..ops import named_defaults
 from ..runtime.checks.refusal import refusing
 from ..runtime.session.again import MISSED, kept_runs
 from ..runtime.session.one_caller import in_call
+from ..runtime.session.state import SESSIONS
 from .call_path import run
 from .checks import checked_timeout
 from .collective_args import checked_call, with_count_matrix
@@ -40,7 +41,8 @@ def reduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None,
     equal blocks, which must divide it). With sendbuf MPI.IN_PLACE, recvbuf holds the input and gets
     the block at its start. The block goes into `recvbuf` (a new array when None), which is returned.
     """
-    again = kept_runs(comm)["reduce_scatter"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs; recvbuf None: kept by its shape
+    again = (last[1] if comm is last[0] else kept_runs(comm))["reduce_scatter"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, counts, op, comm, algorithm)
         if ran is not MISSED:
@@ -51,7 +53,8 @@ def reduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None,
 def ireduce_scatter(sendbuf, recvbuf=None, counts=None, op=MPI.SUM, *, comm=None, algorithm="auto", segment=None,
                     check=None, timeout=None) -> Request:
     """Start a reduce_scatter and return its Request (wait() returns the block)."""
-    again = kept_runs(comm)["ireduce_scatter"].get(id(recvbuf))
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs
+    again = (last[1] if comm is last[0] else kept_runs(comm))["ireduce_scatter"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, counts, op, comm, algorithm)
         if request is not MISSED:
@@ -67,7 +70,8 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto"
     MPI.IN_PLACE, this rank's block is already in place in recvbuf. A new recvbuf (for None) has
     shape (ranks, *sendbuf.shape) where no counts are given, else is 1-D.
     """
-    again = kept_runs(comm)["allgather"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs; recvbuf None: kept by its shape
+    again = (last[1] if comm is last[0] else kept_runs(comm))["allgather"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, counts, None, comm, algorithm)
         if ran is not MISSED:
@@ -78,7 +82,8 @@ def allgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto"
 def iallgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto", segment=None, check=None,
                timeout=None) -> Request:
     """Start an allgather and return its Request (wait() returns recvbuf)."""
-    again = kept_runs(comm)["iallgather"].get(id(recvbuf))
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs
+    again = (last[1] if comm is last[0] else kept_runs(comm))["iallgather"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, counts, None, comm, algorithm)
         if request is not MISSED:
@@ -88,7 +93,8 @@ def iallgather(sendbuf, recvbuf=None, counts=None, *, comm=None, algorithm="auto
 
 def broadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None):
     """Every rank of `comm` gets rank `root`'s `buf` in its own `buf`, which is returned."""
-    kept = kept_runs(comm)["broadcast"]
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs
+    kept = (last[1] if comm is last[0] else kept_runs(comm))["broadcast"]
     if segment is check is timeout is None:
         again = kept.get(id(buf))
         if again is not None and again.ran(root, None, None, comm, algorithm) is not MISSED:
@@ -101,7 +107,8 @@ def broadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=N
 
 def ibroadcast(buf, root=0, *, comm=None, algorithm="auto", segment=None, check=None, timeout=None) -> Request:
     """Start a broadcast and return its Request (wait() returns buf)."""
-    again = kept_runs(comm)["ibroadcast"].get(id(buf))
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs
+    again = (last[1] if comm is last[0] else kept_runs(comm))["ibroadcast"].get(id(buf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(root, None, None, comm, algorithm)
         if request is not MISSED:
@@ -114,7 +121,8 @@ def reduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="a
     """Combine `sendbuf` from every rank of `comm` with `op` into the root's `recvbuf` (a new array
     when None), which the root gets back; the other ranks get None (their recvbuf is not looked at).
     With sendbuf MPI.IN_PLACE, the root's recvbuf holds its input."""
-    again = kept_runs(comm)["reduce"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs; recvbuf None: kept by its shape
+    again = (last[1] if comm is last[0] else kept_runs(comm))["reduce"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, op, root, comm, algorithm)
         if ran is not MISSED:
@@ -125,7 +133,8 @@ def reduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="a
 def ireduce(sendbuf, recvbuf=None, op=MPI.SUM, root=0, *, comm=None, algorithm="auto", segment=None, check=None,
             timeout=None) -> Request:
     """Start a reduce and return its Request (wait() returns the result at the root, else None)."""
-    again = kept_runs(comm)["ireduce"].get(id(recvbuf))
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs
+    again = (last[1] if comm is last[0] else kept_runs(comm))["ireduce"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, op, root, comm, algorithm)
         if request is not MISSED:
@@ -145,7 +154,8 @@ def alltoall(sendbuf, recvbuf=None, sendcounts=None, recvcounts=None, *, comm=No
     MismatchError on every rank where what one sends another is not what that one expects."""
     if sendcounts is not None or recvcounts is not None:
         return run("alltoall", True, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, sendcounts, recvcounts)
-    again = kept_runs(comm)["alltoall"].get(id(recvbuf))  # recvbuf None: a new result array, by its shape
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs; recvbuf None: kept by its shape
+    again = (last[1] if comm is last[0] else kept_runs(comm))["alltoall"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         ran = again.ran(sendbuf, None, None, comm, algorithm)
         if ran is not MISSED:
@@ -159,7 +169,8 @@ def ialltoall(sendbuf, recvbuf=None, sendcounts=None, recvcounts=None, *, comm=N
     counts is waited for before it returns: every rank must make the call (unlike MPI's Ialltoallv)."""
     if sendcounts is not None or recvcounts is not None:
         return run("alltoall", False, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, sendcounts, recvcounts)
-    again = kept_runs(comm)["ialltoall"].get(id(recvbuf))
+    last = SESSIONS.kept  # a loop on one communicator skips kept_runs
+    again = (last[1] if comm is last[0] else kept_runs(comm))["ialltoall"].get(id(recvbuf))
     if again is not None and segment is check is timeout is None:
         request = again.ran(sendbuf, None, None, comm, algorithm)
         if request is not MISSED:

@@ -94,7 +94,8 @@ class BoundNative(NativeInFlight):
             state.check_usable()
         self.request.Start()
         self.done = False
-        self.seq = state.next_call()
+        self.seq = state.calls  # counted as every call is (CommState.next_tag)
+        state.calls = self.seq + 1
 
     def free(self) -> None:
         """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""

@@ -28,7 +28,8 @@ class EmptyCall:
 
     def __init__(self, state, signature: Signature, timeout: float | None) -> None:
         self.state, self.comm, self.signature, self.timeout = state, state.comm, signature, timeout
-        self.seq = state.next_call()
+        self.seq = state.calls  # counted as every call is (CommState.next_tag)
+        state.calls = self.seq + 1
         self.what = (f"{signature.collective} on rank {state.rank} of {state.name} ({signature.described()}), "
                      "for the other ranks' word that they make it with no elements too")
         self.done = False

@@ -148,7 +148,8 @@ def run_native(own: MPICollective, state, source, target, in_place: bool) -> Non
         buffer[...] = source
         request = own.request
         request.Start()
-    seq = state.next_call()
+    seq = state.calls  # counted as every call is (CommState.next_tag)
+    state.calls = seq + 1
     if not settled(request.Test, progress_others):
         _wait(request, state, seq, own.signature, (source, target))
     if buffer is not None:
@@ -161,7 +162,8 @@ def run_started(own: MPICollective, state, start, target, what) -> None:
     """MPI's own collective that `start()` starts, nonblocking, on the plan's communicator, waited
     for as run_native waits (the other collectives' native calls)."""
     request = start()
-    seq = state.next_call()
+    seq = state.calls  # counted as every call is (CommState.next_tag)
+    state.calls = seq + 1
     if not settled(request.Test, progress_others):
         watched(partial(_wait, request, state, seq, own.signature, (target,)), what)
     if own.average:
@@ -209,7 +211,8 @@ def _through_request(own: MPICollective, state, source, target, root, bound: boo
             for into, given in ins:
                 into[...] = arrays[given] if type(given) is int else given
             request.Start()
-            seq = state.next_call()
+            seq = state.calls  # counted as every call is (CommState.next_tag)
+            state.calls = seq + 1
             if not settled(test, progress_others):
                 _wait(request, state, seq, signature, ())
             if roots is not None and roots[0] != roots[1]:
@@ -228,7 +231,8 @@ def _through_request(own: MPICollective, state, source, target, root, bound: boo
         def run_one() -> None:  # every allreduce's: no loop, as a loop's set-up counts at 8 B
             into[:] = given
             request.Start()
-            seq = state.next_call()
+            seq = state.calls  # counted as every call is (CommState.next_tag)
+            state.calls = seq + 1
             if not settled(test, progress_others):
                 _wait(request, state, seq, signature, ())
             out[:] = received
@@ -238,7 +242,8 @@ def _through_request(own: MPICollective, state, source, target, root, bound: boo
         for into, given in copies_in:
             into[:] = given
         request.Start()
-        seq = state.next_call()
+        seq = state.calls  # counted as every call is (CommState.next_tag)
+        state.calls = seq + 1
         if not settled(test, progress_others):
             _wait(request, state, seq, signature, ())
         if roots is not None and roots[0] != roots[1]:
@@ -296,7 +301,8 @@ class NativeInFlight:
             self.request = own.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, own.op)
         else:
             self.request = start()
-        self.seq = state.next_call()
+        self.seq = state.calls  # counted as every call is (CommState.next_tag)
+        state.calls = self.seq + 1
 
     def test(self) -> bool:
         if not self.done:

@@ -24,8 +24,8 @@ from ..safety.threads import THREADS, get_ident
 from .one_caller import intruded, one_caller
 from .state import SESSIONS, existing_state
 
-__all__ = ["kept_runs", "BY_ID", "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner", "place",
-           "flat"]
+__all__ = ["kept_runs", "ran_into_given", "would_keep_into_given", "INTO_GIVEN", "RECENT", "BY_ID", "BY_VALUE", "MISSED",
+           "keep_again", "keep_new_result", "may_keep", "steps_runner", "place", "flat"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -118,36 +118,71 @@ class _Again:
 
 
 class _NewResult(_Again):
-    """A blocking call whose shape runs MPI's own, on an array new at each call: into a new result
-    (recvbuf None: a solver's dot product) or, a broadcast's, on a new buffer. Kept by its shape, not
-    its arrays (its session's again[name][id(None)]): a call of the same other arguments, communicator and algorithm
-    on a C-contiguous numpy array of the same dtype and shape runs the shape's plan on that array and a
-    result made as the first call's was, which it returns."""
+    """A blocking call whose shape runs MPI's own, on arrays new at each call: into a new result
+    (recvbuf None: a solver's dot product), into a result array given but new too (`into_given`: a
+    loop's np.empty, or a fresh input into the same output), or, a broadcast's, on a new buffer. Kept
+    by its shape, not its arrays (its session's again[name] at id(None), or INTO_GIVEN): a call of the
+    same other arguments, communicator and algorithm on C-contiguous numpy arrays of the same dtypes
+    and shapes, apart, runs the shape's plan on them (and a result made as the first call's was), and
+    returns the result."""
 
-    __slots__ = ("shape", "made", "gives_first", "places", "writes_first", "whole")
+    __slots__ = ("shape", "made", "gives_first", "places", "writes_first", "whole", "into_given", "result_dtype",
+                 "result_shape", "returned", "recent")
 
-    def __init__(self, arguments, result, places, algorithm, comm, state, run, what, confirm) -> None:
+    def __init__(self, arguments, result, places, algorithm, comm, state, run, what, confirm, into_given: bool,
+                 returned: int) -> None:
         first = arguments[0]
         super().__init__(None, arguments, algorithm, comm, state, None, True, run, what, confirm)
         self.first = None  # no array held: each call brings its own
         self.dtype, self.shape = first.dtype, first.shape
+        self.into_given, self.returned = into_given, returned  # returned: the result's place among the arguments
+        self.recent: dict = {}  # into given arrays: the last RECENT calls' (first, result), by their ids
+        # None: a new result, or a reduce's other ranks, whose result array is not looked at
+        self.result_dtype, self.result_shape = (result.dtype, result.shape) if into_given and result is not None else (
+            None, None)
         self.gives_first = result is first  # a broadcast's buffer; else a new result, or None (a reduce's others)
-        self.made = None if result is None or self.gives_first else result.shape
+        self.made = None if result is None or self.gives_first or into_given else result.shape
         self.places = places  # (array, start, stop) of the call's source and target: 0 the first, 1 the result
         self.writes_first = places[1][0] == 0 and places[1][2] > places[1][1]
-        self.whole = (self.made is not None and len(self.made) == 1
+        self.whole = ((self.made is not None or self.result_shape is not None) and len(result.shape) == 1
                       and places == ((0, 0, first.size), (1, 0, result.size)))
 
-    def ran(self, first, second, third, comm, algorithm):
-        state = self.state
-        if not (type(first) is NDARRAY and first.dtype is self.dtype and first.shape == self.shape
+    def fits(self, first, second, third, comm, algorithm) -> bool:
+        """Whether a call of these arguments (`first` its new array) is one of this shape's."""
+        return (type(first) is NDARRAY and first.dtype is self.dtype and first.shape == self.shape
                 and first.flags.c_contiguous and (first.flags.writeable or not self.writes_first)
                 and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
-                and self.thread == get_ident() and state.broken is None):
+                and self.thread == get_ident() and self.state.broken is None)
+
+    def ran(self, first, second, third, comm, algorithm):
+        if not self.fits(first, second, third, comm, algorithm):
             return MISSED
         made = self.made
         result = np.empty(made, self.dtype) if made is not None else first if self.gives_first else None
+        return self._into(first, result)
+
+    def ran_into(self, buffers, comm, algorithm):
+        """Where `buffers` (the public function's, its result among them) are a call of this shape into a
+        result array given, the call run into it, which it returns; else MISSED."""
+        returned = self.returned
+        result = buffers[returned]
+        first, second, third = (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
+        if not self.fits(first, second, third, comm, algorithm):
+            return MISSED
+        if self.result_shape is not None and not (  # else a reduce's other ranks: theirs is not looked at
+                type(result) is NDARRAY and result.dtype is self.result_dtype and result.shape == self.result_shape
+                and result.flags.carray and not np.may_share_memory(first, result)):  # carray: C-contiguous, writeable
+            return MISSED
+        pair, recent = (id(first), id(result)), self.recent
+        if pair in recent:  # arrays that come again: the way that binds a run to them (shapes.seen_before)
+            return MISSED
+        if len(recent) >= RECENT:
+            del recent[next(iter(recent))]
+        recent[pair] = first, result  # held, so that their ids stay theirs
+        return self._into(first, None if self.result_shape is None else result)
+
+    def _into(self, first, result):
         if self.whole and first.ndim == 1:  # the source the whole first array, the target the whole result
             self._call(self.run, first, result)
         else:
@@ -163,16 +198,33 @@ class _NewResult(_Again):
 _NONE_KEPT: dict[str, dict] = {name: {} for collective in COLLECTIVES for name in (collective, "i" + collective)}
 
 
+def ran_into_given(name, comm, algorithm, buffers):
+    """A blocking call of collective `name` (`buffers`, the public function's arguments) on new arrays,
+    into a result array given among them, run by its shape's kept run (_NewResult.ran_into), and its
+    result; MISSED where none is kept or the call is not of its shape."""
+    into = kept_runs(comm)[name].get(INTO_GIVEN)
+    return MISSED if into is None else into.ran_into(buffers, comm, algorithm)
+
+
+def would_keep_into_given(state, name, first, result) -> bool:
+    """Whether a blocking call of MPI's own of collective `name` on `first` into `result`, a numpy array
+    given apart from it, would keep its shape's run into new arrays (keep_new_result), none being kept:
+    then a call on new arrays takes the path that keeps it."""
+    return (type(first) is NDARRAY and first is not result and result.nbytes <= NATIVE_AGAIN_MAX
+            and INTO_GIVEN not in state.again[name])
+
+
 def kept_runs(comm) -> dict[str, dict]:
     """The runs kept on `comm` (None: MPI.COMM_WORLD) by public function and result array; none where
     ringtree has not set it up (never written: a run is kept on its session, keep_again)."""
-    last = SESSIONS.last
-    if comm is last[0] or comm is None and last[0] is WORLD:
-        return last[1].again
     state = existing_state(WORLD if comm is None else comm)
-    return _NONE_KEPT if state is None else state.again
+    if state is None:
+        return _NONE_KEPT
+    SESSIONS.kept = (comm, state.again)  # for the next call's look-up (the public functions look there first)
+    return state.again
 
 
+INTO_GIVEN = -1  # the key of a shape's run into result arrays given (_NewResult.ran_into): no array's id
 AGAIN_MAX = 65536  # bytes: above, a call's checks cost under 5 % of it
 # bytes, where the run is MPI's own blocking collective, which takes so much less time than a
 # schedule's run that up to here the checks still weigh over 5 % of it (docs/performance.md)
@@ -181,6 +233,7 @@ AGAIN_ENTRIES = 16
 # Calls kept on one result array: a loop that takes turns among as many (every algorithm's and
 # auto's, in a benchmark; two ops) finds each.
 AGAIN_CHAIN = 8
+RECENT = 4  # argument sets: a loop that takes turns among as many binds each to its arrays (shapes.seen_before)
 
 # The arguments a repeat holds by identity (held by it, so that their ids stay theirs), and those
 # it holds by value.
@@ -236,22 +289,24 @@ def _chain(entry: _Again, previous: _Again | None) -> None:
 def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, confirm) -> None:
     """Keep a blocking call of collective `name` on `buffers` whose shape runs MPI's own (`own`, its plan's
     native.MPICollective), for the calls of its shape after it on new arrays (_NewResult): where its
-    result is a new array (recvbuf None), or a broadcast's buffer, and the call (`call`, a
-    collective_args.Prepared) holds views of its arrays and nothing else; `confirm` as for keep_again."""
+    result is a new array (recvbuf None), a broadcast's buffer, or a numpy array given apart from the
+    first, and the call (`call`, a collective_args.Prepared) holds views of its arrays and nothing else;
+    `confirm` as for keep_again."""
     returned = COLLECTIVES[name].returned_argument
     first, given = buffers[0], buffers[returned]
-    if (type(first) is not NDARRAY or (given is not None and given is not first) or call.after is not None
-            or call.context is not None or not may_keep(state)
-            or first.nbytes > NATIVE_AGAIN_MAX or not all(type(value) in BY_VALUE or type(value) in BY_ID
-                                                          for value in buffers)):
+    into_given = given is not None and given is not first
+    if (type(first) is not NDARRAY or call.after is not None or call.context is not None or not may_keep(state)
+            or first.nbytes > NATIVE_AGAIN_MAX
+            or (into_given and call.result is not None and (type(given) is not NDARRAY or call.result is not given))
+            or not all(type(value) in BY_VALUE or type(value) in BY_ID for value in buffers)):
         return
     places = (place(call.source, (first, call.result)), place(call.target, (first, call.result)))
     run = native_on(own, state, call, what)  # of (source, target)
     if None in places or run is None:
         return
     arguments = buffers if given is first else buffers[:returned] + buffers[returned + 1:]
-    state.again[name][id(None)] = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run,
-                                       what, confirm)
+    state.again[name][INTO_GIVEN if into_given else id(None)] = _NewResult(
+        (*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run, what, confirm, into_given, returned)
 
 
 def may_keep(state, blocking: bool = True) -> bool:

@@ -14,7 +14,7 @@ from ... import settings
 from ...ops import known_op
 from ...schedule.ir import ALLREDUCE
 from ..engine.in_flight import IN_FLIGHT
-from .again import BY_ID, BY_VALUE, flat, may_keep, place
+from .again import BY_ID, BY_VALUE, RECENT, flat, may_keep, place
 
 __all__ = ["REPEATS_MAX", "arguments_key", "shape_key", "of_arrangement", "keep_shape", "seen_before", "repeat_of"]
 
@@ -25,7 +25,6 @@ IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 # calls share but their arrays, the arguments of its last calls that ran unbound (seen_before)]; by its
 # arguments' arrangement (arguments_key, arranged), (its shape's entry, the arrangement: arrangement_of).
 REPEATS_MAX = 64  # entries, of each
-RECENT = 4  # argument sets: a loop that takes turns among as many binds each to its arrays
 
 
 def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, arranged=False) -> tuple | None:

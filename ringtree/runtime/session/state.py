@@ -39,15 +39,18 @@ class Sessions:
     call); the last communicator used and its state, as one (comm, state) pair that a thread reads at
     once, so that a loop on one communicator skips the attribute look-up; per communicator being set
     up (by handle), the lock its set-up holds, so that two threads that both make a first call on it set
-    it up once, the second waiting for the first instead of issuing its collectives too; the states in
+    it up once, the second waiting for the first instead of issuing its collectives too; the
+    communicator (or None) whose kept runs a public function looked up last, with them (`kept`, as
+    `last`: again.kept_runs); the states in
     use, held weakly (a second thread makes every one forget its bound runs); and the states whose
     communicators messages may still reach (a broken call, an announcement), never freed."""
 
-    __slots__ = ("keyval", "last", "setting_up", "set_up", "live", "never_freed")
+    __slots__ = ("keyval", "last", "kept", "setting_up", "set_up", "live", "never_freed")
 
     def __init__(self) -> None:
         self.keyval: int | None = None
         self.last: tuple = NO_LAST
+        self.kept: tuple = NO_LAST
         self.setting_up = threading.Lock()  # one thread makes the keyval, or a communicator's lock
         self.set_up: dict[int, threading.Lock] = {}
         self.live: weakref.WeakSet = weakref.WeakSet()
@@ -190,17 +193,13 @@ class CommState:
             free_plan(self.plans.pop(natives[0]).native)
             self.forget_bound()
 
-    def next_call(self) -> int:
-        """The number of the call that begins now: every rank counts its calls alike, so a message of
-        one call is never taken for another's (the one count of calls; its tags are next_tag's)."""
-        seq = self.calls
-        self.calls = seq + 1
-        return seq
-
     def next_tag(self, code: int) -> int:
         """The tag of the next collective, of signature `code` (mismatch.py): ranks call collectives in
-        the same order, so they agree on it if they agree on the call."""
-        seq = self.next_call()
+        the same order, so they agree on it if they agree on the call. Every call counts itself so, the
+        engine's here and MPI's own where they start (native.py, empty.py): a message of one call is
+        never taken for another's."""
+        seq = self.calls
+        self.calls = seq + 1
         return (seq % self.cycle) * self.codes + ((code ^ self.threads_bit) & self.mask)  # TagLayout.tag, inlined
 
 
@@ -258,6 +257,8 @@ def _tuner(comm: MPI.Comm, topology: Topology, current: settings.Settings) -> Tu
 def _free(comm, keyval, state) -> int:
     if SESSIONS.last[1] is state:
         SESSIONS.last = NO_LAST
+    if SESSIONS.kept[1] is state.again:
+        SESSIONS.kept = NO_LAST
     with SESSIONS.setting_up:
         SESSIONS.set_up.pop(comm.handle, None)
     if not MPI.Is_finalized():
