@@ -17,6 +17,8 @@ Cases, float64 (the ratio is ringtree's time over MPI's, in the same run):
   allgather new    allgather(np.full(n, x)) into a new result each call, against Allgather of new arrays
   reduce new       reduce(np.full(n, x), root=0) into a new result each call, against Reduce of new arrays
   alltoall new     alltoall(np.full(...)) into a new result each call, against Alltoall of new arrays
+  new input, same output   allreduce(np.full(n, x), b): a new input into the same result array
+  reduce_scatter into new  reduce_scatter(np.full(...), np.empty(n)): new arrays, the result given
 Every call is warmed up (past online tuning's trials) before timing; timing is bench's: turns in
 shuffled order, medians of the slowest rank.
 """
@@ -74,6 +76,12 @@ def cases(comm, count: int, requests: list) -> dict:
     def native_reduce_new():
         comm.Reduce(np.full(count, 1.0), np.empty(count), root=0)
 
+    def native_into_given():
+        comm.Allreduce(np.full(count, 1.0), b)
+
+    def native_scatter_into_given():
+        comm.Reduce_scatter_block(np.full(count * comm.Get_size(), 1.0), np.empty(count))
+
     def native_alltoall_new():
         comm.Alltoall(np.full(count * comm.Get_size(), 1.0), np.empty(count * comm.Get_size()))
 
@@ -98,6 +106,10 @@ def cases(comm, count: int, requests: list) -> dict:
         "reduce new": (lambda: ringtree.reduce(np.full(count, 1.0), root=0, comm=comm), native_reduce_new),
         "alltoall new": (lambda: ringtree.alltoall(np.full(count * comm.Get_size(), 1.0), comm=comm),
                          native_alltoall_new),
+        "new input, same output": (lambda: ringtree.allreduce(np.full(count, 1.0), b, comm=comm), native_into_given),
+        "reduce_scatter into new": (lambda: ringtree.reduce_scatter(np.full(count * comm.Get_size(), 1.0),
+                                                                    np.empty(count), comm=comm),
+                                    native_scatter_into_given),
     }
 
 

@@ -459,6 +459,8 @@ def test_calls_on_new_arrays_into_a_new_result_given_take_their_shape_s_run_with
     local = comm.Dup()
     rank, size = comm.rank, comm.size
     sizes = {"reduce_scatter": 2, "allgather": 2 * size * size}  # the result's elements, of 2 * size sent
+    for call in range(20):  # calls of the shape into a new result first: the ways of the two must not mix
+        _new_result_call(name, np.arange(2 * size, dtype=np.int64) + call, comm=local)
     full = 0
     for call in range(60):
         send = np.arange(2 * size, dtype=np.int64) * (rank + 1) + call

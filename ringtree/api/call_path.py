@@ -101,10 +101,11 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
         hit = None if state is None else repeat_of(state, sendbuf, recvbuf if made is None else made, op, comm,
                                                    algorithm, segment, check, timeout, blocking)
         if hit is not None and made is None and not (blocking and hit[0].native is not None
-                                                     and again.would_keep_into_given(state, name, sendbuf, recvbuf)):
+                                                     and again.would_keep_into_given(state, sendbuf, recvbuf)):
             return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
-        # not bound to the new arrays; a native shape's run is kept by its shape (_bound) unless one is
-        if hit is not None and (not blocking or hit[0].native is None or id(None) in state.again["allreduce"]):
+        # into a new result, not bound to it; a native shape's run is kept by its shape (_bound) unless one is
+        if hit is not None and made is not None and (not blocking or hit[0].native is None
+                                                     or id(None) in state.again["allreduce"]):
             return _shape_repeat(hit, blocking, False, (sendbuf, made, op), algorithm, comm)
     key = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
     repeat = state.repeats.get(key) if key is not None and state is not None else None

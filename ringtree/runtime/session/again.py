@@ -155,9 +155,15 @@ class _NewResult(_Again):
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
                 and self.thread == get_ident() and self.state.broken is None)
 
+    def same_shape(self, other) -> bool:
+        """Whether `other` (a _NewResult) runs the calls this one runs."""
+        return (other.dtype is self.dtype and other.shape == self.shape and other.second is self.second
+                and other.third is self.third and other.comm is self.comm and other.algorithm == self.algorithm
+                and other.result_dtype is self.result_dtype and other.result_shape == self.result_shape)
+
     def ran(self, first, second, third, comm, algorithm):
-        if not self.fits(first, second, third, comm, algorithm):
-            return MISSED
+        if not self.fits(first, second, third, comm, algorithm):  # another shape's, behind it?
+            return MISSED if self.other is None else self.other.ran(first, second, third, comm, algorithm)
         made = self.made
         result = np.empty(made, self.dtype) if made is not None else first if self.gives_first else None
         return self._into(first, result)
@@ -168,8 +174,8 @@ class _NewResult(_Again):
         returned = self.returned
         result = buffers[returned]
         first, second, third = (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
-        if not self.fits(first, second, third, comm, algorithm):
-            return MISSED
+        if not self.fits(first, second, third, comm, algorithm):  # another shape's, behind it?
+            return MISSED if self.other is None else self.other.ran_into(buffers, comm, algorithm)
         if self.result_shape is not None and not (  # else a reduce's other ranks: theirs is not looked at
                 type(result) is NDARRAY and result.dtype is self.result_dtype and result.shape == self.result_shape
                 and result.flags.carray and not np.may_share_memory(first, result)):  # carray: C-contiguous, writeable
@@ -206,12 +212,11 @@ def ran_into_given(name, comm, algorithm, buffers):
     return MISSED if into is None else into.ran_into(buffers, comm, algorithm)
 
 
-def would_keep_into_given(state, name, first, result) -> bool:
-    """Whether a blocking call of MPI's own of collective `name` on `first` into `result`, a numpy array
-    given apart from it, would keep its shape's run into new arrays (keep_new_result), none being kept:
-    then a call on new arrays takes the path that keeps it."""
-    return (type(first) is NDARRAY and first is not result and result.nbytes <= NATIVE_AGAIN_MAX
-            and INTO_GIVEN not in state.again[name])
+def would_keep_into_given(state, first, result) -> bool:
+    """Whether a blocking call of MPI's own on `first` into `result`, a numpy array given apart from it,
+    that no run kept by its shape took (ran_into_given), would keep one (keep_new_result): then it takes
+    the path that keeps it, and binds arrays that come again."""
+    return type(first) is NDARRAY and first is not result and result.nbytes <= NATIVE_AGAIN_MAX and may_keep(state)
 
 
 def kept_runs(comm) -> dict[str, dict]:
@@ -305,8 +310,21 @@ def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, conf
     if None in places or run is None:
         return
     arguments = buffers if given is first else buffers[:returned] + buffers[returned + 1:]
-    state.again[name][INTO_GIVEN if into_given else id(None)] = _NewResult(
-        (*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run, what, confirm, into_given, returned)
+    entry = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run, what, confirm,
+                       into_given, returned)
+    kept, key = state.again[name], INTO_GIVEN if into_given else id(None)
+    # other shapes' behind it, the newest first (a loop may take turns); not a reduce's others' run
+    # kept by their result array, None (keep_again), which this one replaces
+    previous, last = kept.get(key), entry
+    for _ in range(AGAIN_CHAIN - 1):
+        while previous is not None and (type(previous) is not _NewResult or previous.same_shape(entry)):
+            previous = previous.other
+        if previous is None:
+            break
+        last.other = last = previous
+        previous = previous.other
+    last.other = None
+    kept[key] = entry
 
 
 def may_keep(state, blocking: bool = True) -> bool:
