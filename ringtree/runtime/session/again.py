@@ -187,10 +187,10 @@ class _NewResult(_Again):
         first, second, third = (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
         if not self.fits(first, second, third, comm, algorithm):  # another shape's, behind it?
             return MISSED if self.other is None else self.other.ran_into(buffers, comm, algorithm)
-        if self.result_shape is not None and not (  # else a reduce's other ranks: theirs is not looked at
+        if result is None or self.result_shape is not None and not (  # else a reduce's others': not looked at
                 type(result) is NDARRAY and result.dtype is self.result_dtype and result.shape == self.result_shape
                 and result.flags.carray and not np.may_share_memory(first, result)):  # carray: C-contiguous, writeable
-            return MISSED
+            return MISSED  # recvbuf None: a new result's run, by None
         pair, recent = (id(first), id(result)), self.recent
         if pair in recent:  # arrays that come again: the way that binds a run to them (shapes.seen_before)
             return MISSED
@@ -219,7 +219,8 @@ def ran_into_given(name, comm, algorithm, buffers):
     """A blocking call of collective `name` (`buffers`, the public function's arguments) on new arrays,
     into a result array given among them, run by its shape's kept run (_NewResult.ran_into), and its
     result; MISSED where none is kept or the call is not of its shape."""
-    into = kept_runs(comm)[name].get(INTO_GIVEN)
+    last = SESSIONS.kept
+    into = (last[1] if comm is last[0] else kept_runs(comm))[name].get(INTO_GIVEN)
     return MISSED if into is None else into.ran_into(buffers, comm, algorithm)
 
 
