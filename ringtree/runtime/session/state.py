@@ -37,13 +37,13 @@ NO_LAST = (object(), None)  # what no communicator, nor None, is
 class Sessions:
     """This process's communicator states: the MPI attribute key they hang by (made at the first
     call); the last communicator used and its state, as one (comm, state) pair that a thread reads at
-    once, so that a loop on one communicator skips the attribute look-up; per communicator being set
-    up (by handle), the lock its set-up holds, so that two threads that both make a first call on it set
-    it up once, the second waiting for the first instead of issuing its collectives too; the
-    communicator (or None) whose kept runs a public function looked up last, with them (`kept`, as
-    `last`: again.kept_runs); the states in
-    use, held weakly (a second thread makes every one forget its bound runs); and the states whose
-    communicators messages may still reach (a broken call, an announcement), never freed."""
+    once, so that a loop on one communicator skips the attribute look-up; the communicator (or None)
+    whose kept runs a public function looked up last, with them (`kept`, likewise: again.kept_runs);
+    per communicator being set up (by handle), the lock its set-up holds, so that two threads that
+    both make a first call on it set it up once, the second waiting for the first instead of issuing
+    its collectives too; the states in use, held weakly (a second thread makes every one forget its
+    bound runs); and the states whose communicators messages may still reach (a broken call, an
+    announcement), never freed."""
 
     __slots__ = ("keyval", "last", "kept", "setting_up", "set_up", "live", "never_freed")
 
