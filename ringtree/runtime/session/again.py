@@ -80,10 +80,10 @@ class _Again:
         self.world = comm is WORLD  # a call that leaves its communicator out (None) means this one
         self.other = None
 
-    def ran(self, first, second, third, comm, algorithm):
+    def ran(self, first, second, third, comm, algorithm, given=None):
         """Where these are the call's arguments (its result array's looked up by id), the call run
         again, as one_caller.in_call runs a call (_call), and what it returns: its result, or a started
-        call's Request; else MISSED."""
+        call's Request; else MISSED. (`given`: _NewResult's, which chains may pass on.)"""
         result, state = self.result, self.state
         if not (first is self.first and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
@@ -147,31 +147,29 @@ class _NewResult(_Again):
         self.whole = ((self.made is not None or self.result_shape is not None) and len(result.shape) == 1
                       and places == ((0, 0, first.size), (1, 0, result.size)))
 
-    def fits(self, first, second, third, comm, algorithm) -> bool:
-        """Whether a call of these arguments (`first` its new array) is one of this shape's."""
-        return (type(first) is NDARRAY and first.dtype is self.dtype and first.shape == self.shape
-                and first.flags.c_contiguous and (first.flags.writeable or not self.writes_first)
-                and second is self.second and third is self.third
-                and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
-                and self.thread == get_ident() and self.state.broken is None)
-
     def same_shape(self, other) -> bool:
         """Whether `other` (a _NewResult) runs the calls this one runs."""
         return (other.dtype is self.dtype and other.shape == self.shape and other.second is self.second
                 and other.third is self.third and other.comm is self.comm and other.algorithm == self.algorithm
                 and other.result_dtype is self.result_dtype and other.result_shape == self.result_shape)
 
-    def ran(self, first, second, third, comm, algorithm):
-        # fits() and _into(), inlined: the frames cost an 8 B call 5 %
+    def ran(self, first, second, third, comm, algorithm, given=None):
+        """As _Again.ran, on `first`, new at each call; into `given` where the entry runs calls into a
+        result given (ran_into)."""
         if not (type(first) is NDARRAY and first.dtype is self.dtype and first.shape == self.shape
                 and first.flags.c_contiguous and (first.flags.writeable or not self.writes_first)
                 and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
                 and self.thread == get_ident() and self.state.broken is None):  # another shape's, behind it?
-            return MISSED if self.other is None else self.other.ran(first, second, third, comm, algorithm)
-        made = self.made
-        result = np.empty(made, self.dtype) if made is not None else first if self.gives_first else None
-        if self.whole and first.ndim == 1:
+            return MISSED if self.other is None else self.other.ran(first, second, third, comm, algorithm, given)
+        if self.into_given:
+            result = self._given(first, given)
+            if result is MISSED:
+                return MISSED
+        else:
+            made = self.made
+            result = np.empty(made, self.dtype) if made is not None else first if self.gives_first else None
+        if self.whole and first.ndim == 1:  # the source the whole first array, the target the whole result
             self._call(self.run, first, result)
         else:
             arrays = (first, result)
@@ -183,30 +181,24 @@ class _NewResult(_Again):
         """Where `buffers` (the public function's, its result among them) are a call of this shape into a
         result array given, the call run into it, which it returns; else MISSED."""
         returned = self.returned
-        result = buffers[returned]
         first, second, third = (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
-        if not self.fits(first, second, third, comm, algorithm):  # another shape's, behind it?
-            return MISSED if self.other is None else self.other.ran_into(buffers, comm, algorithm)
-        if result is None or self.result_shape is not None and not (  # else a reduce's others': not looked at
-                type(result) is NDARRAY and result.dtype is self.result_dtype and result.shape == self.result_shape
-                and result.flags.carray and not np.may_share_memory(first, result)):  # carray: C-contiguous, writeable
-            return MISSED  # recvbuf None: a new result's run, by None
-        pair, recent = (id(first), id(result)), self.recent
-        if pair in recent:  # arrays that come again: the way that binds a run to them (shapes.seen_before)
+        return self.ran(first, second, third, comm, algorithm, buffers[returned])
+
+    def _given(self, first, given):
+        """What a call into `given` runs into: `given`, or None at a reduce's other ranks (theirs is not
+        looked at); MISSED where `given` is not like the first call's, or these arrays come again (the
+        way that binds a run to them then, shapes.seen_before)."""
+        if given is None or self.result_shape is not None and not (  # None: a new result's run, by None
+                type(given) is NDARRAY and given.dtype is self.result_dtype and given.shape == self.result_shape
+                and given.flags.carray and not np.may_share_memory(first, given)):  # carray: C-contiguous, writeable
+            return MISSED
+        pair, recent = (id(first), id(given)), self.recent
+        if pair in recent:
             return MISSED
         if len(recent) >= RECENT:
             del recent[next(iter(recent))]
-        recent[pair] = first, result  # held, so that their ids stay theirs
-        return self._into(first, None if self.result_shape is None else result)
-
-    def _into(self, first, result):
-        if self.whole and first.ndim == 1:  # the source the whole first array, the target the whole result
-            self._call(self.run, first, result)
-        else:
-            arrays = (first, result)
-            source, target = self.places
-            self._call(self.run, flat(arrays, *source), flat(arrays, *target))
-        return result
+        recent[pair] = first, given  # held, so that their ids stay theirs
+        return None if self.result_shape is None else given
 
 
 # A session's runs kept by public function (allreduce, iallreduce, broadcast, ...) and the id of their
@@ -282,19 +274,20 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
         kept.clear()
     entry = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
                    first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what, confirm)
-    _chain(entry, kept.get(id(own)))
+    # those of the same arguments replaced, and those of another result (a reduce's at a root and not:
+    # a public function returns the first's)
+    _chain(entry, kept.get(id(own)), lambda previous: previous.result is not entry.result or (
+        previous.first is entry.first and previous.second is entry.second and previous.third is entry.third
+        and previous.comm is entry.comm and previous.algorithm == entry.algorithm))
     kept[id(own)] = entry
 
 
-def _chain(entry: _Again, previous: _Again | None) -> None:
-    """Put the entries of other calls on `entry`'s result array (`previous` and its others) behind it,
-    the newest first, AGAIN_CHAIN in all at most: those of the same arguments as `entry` replaced, and
-    those of another result (a reduce's at a root and not: a public function returns the first's)."""
+def _chain(entry: _Again, previous: _Again | None, replaced) -> None:
+    """Put the entries kept before `entry` under its key (`previous` and its others) behind it, the newest
+    first, AGAIN_CHAIN in all at most, but those that `replaced(previous)` says it replaces."""
     last = entry
     for _ in range(AGAIN_CHAIN - 1):
-        while previous is not None and (previous.result is not entry.result or (
-                previous.first is entry.first and previous.second is entry.second and previous.third is entry.third
-                and previous.comm is entry.comm and previous.algorithm == entry.algorithm)):
+        while previous is not None and replaced(previous):
             previous = previous.other
         if previous is None:
             break
@@ -325,17 +318,9 @@ def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, conf
     entry = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run, what, confirm,
                        into_given, returned)
     kept, key = state.again[name], INTO_GIVEN if into_given else id(None)
-    # other shapes' behind it, the newest first (a loop may take turns); not a reduce's others' run
-    # kept by their result array, None (keep_again), which this one replaces
-    previous, last = kept.get(key), entry
-    for _ in range(AGAIN_CHAIN - 1):
-        while previous is not None and (type(previous) is not _NewResult or previous.same_shape(entry)):
-            previous = previous.other
-        if previous is None:
-            break
-        last.other = last = previous
-        previous = previous.other
-    last.other = None
+    # other shapes' behind it (a loop may take turns); it replaces its own shape's, and a reduce's
+    # others' run kept by their result array, None (keep_again)
+    _chain(entry, kept.get(key), lambda previous: type(previous) is not _NewResult or previous.same_shape(entry))
     kept[key] = entry
 
 
