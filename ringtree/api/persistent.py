@@ -11,7 +11,7 @@ from mpi4py import MPI
 from .. import settings
 from ..ops import known_op, named_defaults
 from ..runtime.checks.refusal import refusing
-from ..runtime.engine.native import MPICollective, NativeInFlight, native_plan
+from ..runtime.engine.native import NativeInFlight, free_plan, native_plan
 from ..runtime.session.one_caller import in_call
 from ..runtime.transports.backend import NoDevice
 from .allreduce import iallreduce
@@ -58,11 +58,11 @@ def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
                                                  reduce_op=prepared_call.reduce_op), comm=comm)
 
 
-def _bound_native(started, source, target, inplace, reduce_op) -> BoundNative | None:
+def _bound_native(started, source, target, inplace, reduce_op) -> NativeInFlight | None:
     """After a Start: where its call (`started`, its Request) runs MPI's own allreduce on the plan of its
     shape, not as a trial of online tuning (what every rank's call does alike, at the same Start), MPI's
-    own persistent request of these arrays on a native plan of the request's own; else None, to ask
-    again at the next Start."""
+    own persistent request (Allreduce_init) of these arrays on a native plan of the request's own, made
+    here and freed with it, inactive until its restart(); else None, to ask again at the next Start."""
     native = getattr(started, "_execution", None)
     # a trial's `then` records its time; an op of none: a call MPI's own computes (passed_through.py)
     if type(native) is not NativeInFlight or native.then is not None or native.own.op is None:
@@ -73,35 +73,8 @@ def _bound_native(started, source, target, inplace, reduce_op) -> BoundNative | 
     # Made after the call began: the other ranks may already be in the next call, whose messages
     # the waits must not take for this one's (the call's own number, not state.calls).
     bound = native_plan(reduce_op, own.divide, state, target.size, target.dtype, own.signature, None, native.seq)
-    return BoundNative(bound, state, source, target, inplace, native.what)
-
-
-class BoundNative(NativeInFlight):
-    """MPI's own persistent allreduce (Allreduce_init) of a persistent request's arrays, on a native
-    plan of its own (native_plan, made when the request binds it, freed with it): each start() is
-    MPI's Start, tested and waited for as NativeInFlight is."""
-
-    __slots__ = ()
-
-    def __init__(self, own: MPICollective, state, source, target, in_place: bool, what) -> None:
-        self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
-        self.then, self.what, self.done, self.seq, self.timeout = None, what, True, 0, None  # inactive until started
-        self.request = own.comm.Allreduce_init(MPI.IN_PLACE if in_place else source, target, own.op)
-
-    def start(self) -> None:
-        state = self.state
-        if state.broken is not None:
-            state.check_usable()
-        self.request.Start()
-        self.done = False
-        self.seq = state.calls  # counted as every call is (CommState.next_tag)
-        state.calls = self.seq + 1
-
-    def free(self) -> None:
-        """Free the request, and the plan's communicator unless a mismatch broke the state (free_plan)."""
-        self.request.Free()
-        if self.state.broken is None:
-            self.own.comm.Free()
+    request = bound.comm.Allreduce_init(MPI.IN_PLACE if inplace else source, target, bound.op)
+    return NativeInFlight(bound, state, source, target, inplace, None, native.what, persistent=request)
 
 
 class PersistentRequest:
@@ -113,10 +86,10 @@ class PersistentRequest:
 
     def __init__(self, start, name: str = "allreduce", bind=None, comm=None) -> None:
         """`bind(request)`, tried after each Start (`request`: the call it started) until it gives one,
-        returns a BoundNative that runs the calls after (on communicator `comm`), or None."""
+        returns an inactive NativeInFlight that runs the calls after (on communicator `comm`), or None."""
         self._start, self._name, self._bind, self._comm = start, name, bind, comm
         self._bound = None
-        self._active = None  # the Request (or the BoundNative) of the call started, while one is
+        self._active = None  # the Request (or the bound NativeInFlight) of the call started, while one is
         self._freed = False
 
     def Start(self) -> None:
@@ -126,7 +99,7 @@ class PersistentRequest:
             raise ValueError(f"ringtree persistent {self._name}: Start while the call started before is active; "
                              "Wait for it first")
         if self._bound is not None:
-            in_call(self._comm, self._bound.start)  # under the thread rules, as any call
+            in_call(self._comm, self._bound.restart)  # under the thread rules, as any call
             self._active = self._bound
             return
         self._active = self._start()
@@ -155,8 +128,11 @@ class PersistentRequest:
     def Free(self) -> None:
         if self._active is not None:
             raise ValueError(f"ringtree persistent {self._name}: Free while a call is active; Wait for it first")
-        if self._bound is not None:
-            self._bound.free()
+        bound = self._bound
+        if bound is not None:
+            bound.request.Free()
+            if bound.state.broken is None:
+                free_plan(bound.own)
             self._bound = None
         self._freed = True
 

@@ -6,20 +6,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from functools import partial
 
 from mpi4py import MPI
 
 from ..debug import log
-from ..errors import TimeoutError
-from ..runtime.engine.in_flight import IN_FLIGHT, progress_others
+from ..runtime.engine.in_flight import IN_FLIGHT
 from ..runtime.engine.native import NativeInFlight
 from ..runtime.engine.pipelined import Execution
-from ..runtime.safety.backoff import wait_until
-from ..runtime.safety.stalls import watched
 from ..runtime.safety.threads import note_thread
 
-__all__ = ["Request", "MPIRequest", "MPIOwn"]
+__all__ = ["Request", "MPIRequest"]
 
 
 class Request:
@@ -192,59 +188,3 @@ def empty_status(status: MPI.Status) -> None:
 def _nothing(*_) -> None:
     """A generalized request's free and cancel callbacks: a collective cannot be cancelled, and
     what it holds is freed with its Request."""
-
-
-class MPIOwn:
-    """MPI's own nonblocking call, started by `start()` on a communicator of the caller's (the torch
-    backend's send and receive): what a Request tests and waits on. Its waits progress ringtree's
-    collectives in flight, are watched for a stall, and keep `timeout`: past it, TimeoutError, a
-    receive cancelled first (it must not land in the caller's memory later) and a send let go (MPI
-    cannot cancel one that has begun; waiting for it could take for ever), its request and `buffers`
-    kept in `abandoned` (MPI may read them later: a peer that comes late reads a large message straight
-    from them). `what`: the call, as a warning or error names it; `receive`: whether it is a receive."""
-
-    __slots__ = ("comm", "request", "done", "timeout", "what", "receive", "buffers", "abandoned")
-
-    def __init__(self, comm, start, timeout: float | None = None, what: str = "MPI's own call",
-                 receive: bool = False, buffers: tuple = (), abandoned: list | None = None) -> None:
-        self.comm, self.request, self.done, self.timeout, self.what = comm, start(), False, timeout, what
-        self.receive, self.buffers, self.abandoned = receive, buffers, abandoned
-
-    def test(self) -> bool:
-        if not self.done:
-            progress_others()
-            self.done = self.request.Test()
-        return self.done
-
-    def wait(self) -> None:
-        if self.done:
-            return
-        deadline = None if self.timeout is None else time.perf_counter() + self.timeout
-
-        def done() -> bool:
-            if self.request.Test():
-                return True
-            if deadline is not None and time.perf_counter() > deadline:
-                return self._let_go()
-            return False
-        watched(partial(wait_until, done, progress_others), f"{self.what} on rank {self.comm.Get_rank()}")
-        self.done = True
-
-    def _let_go(self) -> bool:
-        """Past the timeout: a receive cancelled (True if it had matched all the same: it is done), a
-        send let go; else TimeoutError."""
-        try:
-            if self.receive:
-                self.request.Cancel()
-                status = MPI.Status()
-                self.request.Wait(status)
-                if not status.Is_cancelled():
-                    return True
-            else:
-                if self.abandoned is not None:
-                    self.abandoned.append((self.request, self.buffers))
-                self.request.Free()
-        except MPI.Exception:
-            pass
-        raise TimeoutError(f"ringtree on rank {self.comm.Get_rank()}: {self.what} made no progress for "
-                            f"{self.timeout:g} s")

@@ -43,7 +43,7 @@ from .collectives import (
     reduce_scatter,
 )
 from .converted import passed_through
-from .request import MPIOwn, Request
+from .request import Request
 from .torch_tensors import (
     Bytes,
     Outputs,
@@ -56,7 +56,7 @@ from .torch_tensors import (
     stand_ins,
     unpack,
 )
-from .torch_work import Work
+from .torch_work import PointToPoint, Work
 
 __all__ = ["ProcessGroup"]
 
@@ -355,13 +355,13 @@ class ProcessGroup(dist.ProcessGroup):
         row = tensor.numel() // tensor.shape[0] if tensor.dim() and tensor.shape[0] else 0
         return [s * row for s in splits]
 
-    def _mpi(self, opts, method: str, *arguments) -> Request | MPIOwn | None:
+    def _mpi(self, opts, method: str, *arguments) -> Request | PointToPoint | None:
         """MPI's own nonblocking `method` of the group, started; waited for where torch waits at once (None).
         A collective is a ringtree call that MPI computes (api/converted.py: counted, with its signature
         and the group's timeout); a send or receive, MPI's own on the group's communicator."""
         if method in ("Isend", "Irecv"):
             what = f"{method[1:].lower()} with rank {arguments[1]}, tag {arguments[2]}"
-            request = MPIOwn(self.comm, lambda: getattr(self.comm, method)(*arguments), self.timeout, what,
+            request = PointToPoint(self.comm, lambda: getattr(self.comm, method)(*arguments), self.timeout, what,
                              method == "Irecv", arguments, self._state.abandoned)
         else:
             start = getattr(MPI.Intracomm, method)

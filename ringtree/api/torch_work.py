@@ -1,7 +1,7 @@
 """The work of a call on ringtree's torch.distributed backend (torch_group.py): what `async_op=True`
 returns, and what DDP and the functional collectives wait on from C++.
 
-A work holds the requests of its call (ringtree's own, or MPI's own wrapped in request.MPIOwn) and
+A work holds the requests of its call (ringtree's own, or a PointToPoint: MPI's own send or receive) and
 what is left to do once they are done (copies out of a packed buffer, or out of the contiguous
 stand-in of an output that is not contiguous). `wait()` waits for them as
 any ringtree wait does. `get_future()` hands out a torch Future that completes without anyone
@@ -18,14 +18,20 @@ Either sets the Future's result, or its exception.
 from __future__ import annotations
 
 import threading
+import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
+from mpi4py import MPI
 
-from ..runtime.engine.in_flight import IN_FLIGHT
+from ..errors import TimeoutError
+from ..runtime.engine.in_flight import IN_FLIGHT, progress_others
+from ..runtime.safety.backoff import wait_until
+from ..runtime.safety.stalls import watched
 from .request import Request
 
-__all__ = ["Work"]
+__all__ = ["Work", "PointToPoint"]
 
 
 class Work(dist._Work):
@@ -127,3 +133,59 @@ def _on_gpu(result) -> bool:
     while isinstance(result, (list, tuple)) and result:
         result = result[0]
     return isinstance(result, torch.Tensor) and result.device.type != "cpu"
+
+
+class PointToPoint:
+    """MPI's own send or receive of a group, started by `start()` on the group's communicator: what a
+    work tests and waits on. Its waits progress ringtree's
+    collectives in flight, are watched for a stall, and keep `timeout`: past it, TimeoutError, a
+    receive cancelled first (it must not land in the caller's memory later) and a send let go (MPI
+    cannot cancel one that has begun; waiting for it could take for ever), its request and `buffers`
+    kept in `abandoned` (MPI may read them later: a peer that comes late reads a large message straight
+    from them). `what`: the call, as a warning or error names it; `receive`: whether it is a receive."""
+
+    __slots__ = ("comm", "request", "done", "timeout", "what", "receive", "buffers", "abandoned")
+
+    def __init__(self, comm, start, timeout: float | None = None, what: str = "MPI's own call",
+                 receive: bool = False, buffers: tuple = (), abandoned: list | None = None) -> None:
+        self.comm, self.request, self.done, self.timeout, self.what = comm, start(), False, timeout, what
+        self.receive, self.buffers, self.abandoned = receive, buffers, abandoned
+
+    def test(self) -> bool:
+        if not self.done:
+            progress_others()
+            self.done = self.request.Test()
+        return self.done
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        deadline = None if self.timeout is None else time.perf_counter() + self.timeout
+
+        def done() -> bool:
+            if self.request.Test():
+                return True
+            if deadline is not None and time.perf_counter() > deadline:
+                return self._let_go()
+            return False
+        watched(partial(wait_until, done, progress_others), f"{self.what} on rank {self.comm.Get_rank()}")
+        self.done = True
+
+    def _let_go(self) -> bool:
+        """Past the timeout: a receive cancelled (True if it had matched all the same: it is done), a
+        send let go; else TimeoutError."""
+        try:
+            if self.receive:
+                self.request.Cancel()
+                status = MPI.Status()
+                self.request.Wait(status)
+                if not status.Is_cancelled():
+                    return True
+            else:
+                if self.abandoned is not None:
+                    self.abandoned.append((self.request, self.buffers))
+                self.request.Free()
+        except MPI.Exception:
+            pass
+        raise TimeoutError(f"ringtree on rank {self.comm.Get_rank()}: {self.what} made no progress for "
+                            f"{self.timeout:g} s")

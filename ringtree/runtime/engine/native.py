@@ -26,15 +26,12 @@ from .roots import byte_view, root_marks, roots_differ
 __all__ = ["MPICollective", "NativeInFlight", "reduces", "native_plan", "run_native", "run_started",
            "native_runner", "native_on", "native_start", "start_native", "free_plan"]
 
-# How long a wait in MPI's own collective only polls and yields, before it looks for a mismatch and
-# sleeps between polls: MPI moves a large message between the ranks of a node only as fast as both
-# poll, and a look's probes slow a wait that shares a core with a peer's work; a mismatch is found
-# that much later.
+# How long a wait in MPI's own collective only polls and yields before it looks for a mismatch and
+# sleeps: MPI moves a large message within a node only as fast as both ranks poll, and a look's
+# probes slow a wait that shares a core with a peer's work.
 QUIET_SECONDS = 0.01
-# Up to this size a blocking call goes through a persistent request (Allreduce_init, Bcast_init, ...)
-# on buffers of the plan's own, with a copy in and a copy out, where the MPI has them: on 2 ranks
-# under MPICH faster than the nonblocking call up to 16 KiB, in place or not (docs/algorithms.md);
-# from 64 KiB the copies cost more.
+# Up to this size a blocking call goes through a persistent request (Allreduce_init, ...) on buffers
+# of the plan's own, copied into and out of: faster than the nonblocking call (docs/algorithms.md).
 PERSISTENT_MAX = 16384
 
 
@@ -129,18 +126,17 @@ def _persistent(collective: Collective, comm, count: int, dtype: np.dtype, op, r
 
 
 def free_plan(own: MPICollective) -> None:
-    """Free the plan's persistent request and communicator, before the user's communicator is freed
-    (never after a mismatch: CommState.free keeps a broken state's communicators)."""
+    """Free the plan's persistent request and communicator (never after a mismatch: CommState.free
+    keeps a broken state's communicators)."""
     if own.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
         own.request.Free()
     own.comm.Free()
 
 
 def run_native(own: MPICollective, state, source, target, in_place: bool) -> None:
-    """MPI's allreduce, nonblocking, waited for while ringtree's collectives in flight progress: a
-    rank blocked in MPI would leave the ranks that wait on those waiting. Nonblocking (persistent or
-    Iallreduce, by size alone) on every rank, with or without collectives in flight, as MPI matches a
-    nonblocking collective only with nonblocking ones."""
+    """MPI's allreduce, nonblocking (persistent or not, by size alone, as MPI matches nonblocking
+    collectives only with nonblocking ones), waited for while ringtree's collectives in flight
+    progress: a rank blocked in MPI would leave the ranks that wait on those waiting."""
     buffer = own.buffer
     if buffer is None:
         request = own.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, own.op)
@@ -180,10 +176,9 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
 
 
 def native_on(own: MPICollective, state, call, what):
-    """A blocking call of `call`'s shape (a collective_args.Prepared) through its plan's MPI's own
-    `own`, as a function of (source, target), arrays in place of the call's: for the calls of its shape
-    on new arrays (again._NewResult). None for a rooted call that shows its roots with no persistent
-    request (roots.showing_roots), whose arrays are the call's own."""
+    """A blocking call of `call`'s shape (a collective_args.Prepared) through MPI's own `own`, as a
+    function of (source, target), for the calls of its shape on new arrays (again._NewResult). None for
+    a rooted call that shows its roots with no persistent request (roots.showing_roots)."""
     if own.request is not None:
         return _through_request(own, state, call.source, call.target, call.collective.root)
     if own.collective.root is None and own.collective.kind.rooted:
@@ -283,24 +278,37 @@ def _plan_copies(own: MPICollective, rank: int, source, target, root):
 
 
 class NativeInFlight:
-    """MPI's own collective of a call, started on its plan's communicator: an Iallreduce of `source`
-    into `target` (the plan's persistent request may be busy with another call), or what `start()`
-    starts (native_start's; a call MPI's own computes, passed_through.py, whose `source` is the
-    arrays MPI writes into). What a Request tests and waits on: its waits progress ringtree's
-    collectives in flight and look for a mismatch, as a blocking call's do; with a `timeout`, they
-    keep it, and a rank that gave the call up meanwhile is an error once it is done."""
+    """MPI's own collective of a call on its plan's communicator: an Iallreduce of `source` into `target`,
+    or what `start()` starts (native_start's; passed_through.py's, whose `source` is the arrays MPI
+    writes into); given a `persistent` request of the arrays, done until restart() starts it
+    (persistent.py). Its waits progress ringtree's collectives in flight and look for a mismatch, as
+    a blocking call's do; with a `timeout`, they keep it, and a rank that gave the call up meanwhile
+    is an error once it is done."""
 
     __slots__ = ("own", "state", "comm", "request", "seq", "source", "target", "then", "what", "done", "timeout")
 
     def __init__(self, own: MPICollective, state, source, target, in_place: bool, then, what, start=None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, persistent: MPI.Prequest | None = None) -> None:
         """`then()`, if given, runs once it is done; `what`: the call as a stall warning describes it."""
         self.own, self.state, self.comm, self.source, self.target = own, state, state.comm, source, target
         self.then, self.what, self.done, self.timeout = then, what, False, timeout
+        if persistent is not None:
+            self.request, self.done, self.seq = persistent, True, 0
+            return
         if start is None:
             self.request = own.comm.Iallreduce(MPI.IN_PLACE if in_place else source, target, own.op)
         else:
             self.request = start()
+        self.seq = state.calls  # counted as every call is (CommState.next_tag)
+        state.calls = self.seq + 1
+
+    def restart(self) -> None:
+        """The persistent request's next call, started."""
+        state = self.state
+        if state.broken is not None:
+            state.check_usable()
+        self.request.Start()
+        self.done = False
         self.seq = state.calls  # counted as every call is (CommState.next_tag)
         state.calls = self.seq + 1
 
@@ -330,10 +338,7 @@ class NativeInFlight:
 
 
 def start_native(own: MPICollective, state, source, target, in_place: bool, trial, what) -> NativeInFlight:
-    """iallreduce's call of MPI's own allreduce, started; a trial of online tuning (`trial`) records
-    its time once it is done."""
-    if trial is None:
-        return NativeInFlight(own, state, source, target, in_place, None, what)
+    """iallreduce's call of MPI's own allreduce as a trial of online tuning, started: it records its time."""
     started = time.perf_counter()
 
     def finish() -> None:
@@ -361,9 +366,9 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
 
 
 def native_start(call, own: MPICollective):
-    """MPI's own nonblocking collective of a call (`call`, a collective_args.Prepared) on its plan's
-    communicator (`own`'s), as a function of none: its arguments made once, here, for every call of the
-    repeat (a partial of mpi4py's method: no Python frame of its own)."""
+    """MPI's own nonblocking collective of a call (a collective_args.Prepared) on its plan's
+    communicator, as a function of none made once for the call's repeats (a partial of mpi4py's
+    method: no Python frame of its own)."""
     collective, source, target, comm, op = call.collective, call.source, call.target, own.comm, own.op
     kind, root, counts = collective.kind, collective.root, list(collective.counts)
     start = getattr(MPI.Intracomm, kind.nonblocking)  # Ireduce_scatter, Ibcast, ...: looked up once, here
