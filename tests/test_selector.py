@@ -1,6 +1,7 @@
 """The selector, the tuning table and the cost model, without MPI."""
 
 import json
+import re
 
 import pytest
 
@@ -77,6 +78,12 @@ def test_bad_tables_are_refused(tmp_path):
         TuningTable({"rules": []}, "x.json")
     with pytest.raises(ValueError, match="unknown algorithm 'fast'"):
         _table([{"ranks": [1, 2], "bytes": [0, None], "algorithm": "fast", "segment": 0}])
+    refused = [({"bytes": [0, None]}, '"ranks": [low, high]'), ({"ranks": [1, 2], "bytes": [8]}, "not [8]"),
+               ({"ranks": [4, 2], "bytes": [0, None]}, "not [4, 2]"), ({"ranks": [1, 2], "bytes": [0, None], "nodes": "2"},
+                                                                       '"nodes"')]
+    for rule, said in refused:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            _table([{**rule, "algorithm": "ring", "segment": 0}])
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"format": selector.FORMAT, "rules": []}))
     assert TuningTable.load(str(path)).origin == "t.json"

@@ -1,4 +1,4 @@
-"""The one path of every collective: a call is checked into a Prepared (collective_args.py), finds or
+"""The one path of every collective: a call is checked into a Call (collective_args.py), finds or
 builds its plan (kept per call shape in its communicator's session) and runs, blocking or started; the
 public functions are each a line over `run`. What a call shares with the calls before it, kept in the
 session, the shortest way first: its run bound to the same small arrays (again.kept_runs, which the
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -22,7 +21,7 @@ from ..runtime.engine.in_flight import IN_FLIGHT
 from ..runtime.engine.native import NativeInFlight, native_runner, native_start, reduces, run_native, run_started, start_native
 from ..runtime.engine.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
 from ..runtime.engine.stepwise import may_step
-from ..runtime.safety.mismatch import Signature, signature
+from ..runtime.safety.mismatch import signature
 from ..runtime.safety.stalls import watched
 from ..runtime.safety.threads import THREADS
 from ..runtime.session import again
@@ -47,7 +46,7 @@ from ..tuning.collectives import NATIVE, choose
 from ..tuning.online import Tuner
 from ..tuning.selector import log_choice, select, table
 from .buffers import is_plain_call
-from .collective_args import Prepared, checked, checked_call, with_count_matrix
+from .collective_args import Call, checked, checked_call, with_count_matrix
 from .converted import converted_call
 from .request import Request
 
@@ -65,24 +64,6 @@ def run(name: str, blocking: bool, comm, algorithm, segment, check, timeout, *bu
             return ran
     confirm = None if not blocking else confirm_end if timeout is None else partial(confirm_end, timeout=timeout)
     return in_call(comm, _called, name, blocking, comm, algorithm, segment, check, timeout, buffers, True, confirm=confirm)
-
-
-class _Repeat(NamedTuple):
-    """What a call shares with its repeats on the same arguments, or (no arrays bound) of its shape."""
-    arguments: tuple  # the caller's communicator and buffers, held so that their ids in the key stay theirs
-    arrays: tuple  # (array, dtype, written?) of the caller's numpy arrays: what may change in them in place
-    call: Prepared
-    state: object
-    signature: Signature
-    plan: object
-    native: object  # start(): MPI's own nonblocking collective of the call (native_start's, or showing_roots')
-    run: object  # a function of none running the call blocking: MPI's own allreduce; else None
-    steps: object  # for a plan the stepwise path may run: a function of none running it on the call's arrays
-    what: object  # the call as a stall warning names it
-    timeout: float | None
-    comparison: tuple | None  # (record, call, what) for agreement.agree, where the ranks compare the call first
-    after: object  # None, or what to do once the call is done (Prepared.after, or a native call's own)
-    trial: object  # the online tuning trial the call is (never kept), or None
 
 
 def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, kept):
@@ -123,49 +104,49 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
             repeat.state.check_usable()
         if repeat.comparison is not None:
             _agree(repeat)
-    if repeat.call.context is None:
+    if repeat.context is None:
         return _run(repeat, blocking)
-    with repeat.call.context:  # a CUDA tensor's: torch's current stream
+    with repeat.context:  # a CUDA tensor's: torch's current stream
         return _run(repeat, blocking)
 
 
-def _run(repeat: _Repeat, blocking: bool):
-    """The call run: blocking, its result; else its Request."""
-    call, state, trial = repeat.call, repeat.state, repeat.trial
-    if blocking and (repeat.native is not None or repeat.run is not None
-                     or (repeat.steps is not None and may_step(state, None))):
+def _run(call: Call, blocking: bool):
+    """The call (bound) run: blocking, its result; else its Request."""
+    state, trial = call.state, call.trial
+    if blocking and (call.native is not None or call.run is not None
+                     or (call.steps is not None and may_step(state, None))):
         # MPI's own, or a step at a time: waited for here, with no Request to make
         started = time.perf_counter() if trial is not None else 0.0
-        if repeat.native is not None:
-            run_started(repeat.plan.native, state, repeat.native, call.target, repeat.what)
+        if call.native is not None:
+            run_started(call.plan.native, state, call.native, call.target, call.what)
         else:
-            watched(repeat.run or repeat.steps, repeat.what)
+            watched(call.run or call.steps, call.what)
         if trial is not None:
             Tuner.record(trial, time.perf_counter() - started)
-        if repeat.after is not None:
-            repeat.after()
+        if call.after is not None:
+            call.after()
         return call.result
-    request = _start(repeat)
+    request = _start(call)
     return request.wait() if blocking else request
 
 
-def _start(repeat: _Repeat) -> Request:
-    plan, call, state, trial = repeat.plan, repeat.call, repeat.state, repeat.trial
+def _start(call: Call) -> Request:
+    plan, state, trial = call.plan, call.state, call.trial
     if plan.native is not None:
         if trial is not None:  # allreduce's
-            native = start_native(plan.native, state, call.source, call.target, call.inplace, trial, repeat.what)
+            native = start_native(plan.native, state, call.source, call.target, call.inplace, trial, call.what)
         else:
-            native = NativeInFlight(plan.native, state, call.source, call.target, call.inplace, None, repeat.what,
-                                    repeat.native)
-        return Request(native, call.result, repeat.after)
+            native = NativeInFlight(plan.native, state, call.source, call.target, call.inplace, None, call.what,
+                                    call.native)
+        return Request(native, call.result, call.after)
     if trial is None:
-        execution = plan.start(state, call.source, call.target, call.inplace, repeat.timeout)
+        execution = plan.start(state, call.source, call.target, call.inplace, call.timeout)
     else:
         started = time.perf_counter()
-        execution = plan.start(state, call.source, call.target, call.inplace, repeat.timeout,
+        execution = plan.start(state, call.source, call.target, call.inplace, call.timeout,
                                lambda: Tuner.record(trial, time.perf_counter() - started))
         Tuner.in_flight(trial, lambda: execution.done or IN_FLIGHT.wait(execution))
-    return Request(execution, call.result, repeat.after)
+    return Request(execution, call.result, call.after)
 
 
 def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op):
@@ -246,15 +227,15 @@ def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buff
                 key, kept = None, False  # bound once its arrays come again: new arrays would not use it
             return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
     shape = _shaped(name, comm, algorithm, segment, check, timeout, call, state, current)
-    if key_of_shape is not None and shape.trial is None:
-        keep_shape(None, key_of_shape, shape._replace(arguments=(comm, current), call=None), call, blocking, buffers,
-                   key, arranged)
+    if key_of_shape is not None and shape.trial is None:  # kept with none of the call's arrays
+        keep_shape(None, key_of_shape, shape._replace(source=None, target=None, result=None, after=None,
+                                                      arguments=(comm, current)), call, blocking, buffers, key, arranged)
     return _bound(shape, call, name, blocking, buffers, key, kept, algorithm, segment, check, comm)
 
 
-def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current) -> _Repeat:
-    """What every call of this one's shape shares, its plan among it, found or made (the comparison of
-    the arguments first, where the ranks compare them); its arrays not yet bound."""
+def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current) -> Call:
+    """The call with what every call of its shape shares, its plan among it, found or made (the
+    comparison of the arguments first, where the ranks compare them); its arrays not yet bound."""
     dtype, backend, reduce_op = call.source.dtype, call.backend, call.reduce_op  # the target's dtype too
     nbytes = call.count * dtype.itemsize
     # MPI's own is a candidate for untimed calls only: a wait inside it does not keep a timeout.
@@ -273,7 +254,7 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     sign, comparison = _signed(name, algorithm, segment, call, state, collective,
                                compared or (kind.rooted and collective.root is not None and check is None))
     what = f"{name} on rank {state.rank} of {state.name} ({sign.described()})"
-    shape = _Repeat((comm,), (), call, state, sign, None, None, None, None, what, timeout, comparison, None, None)
+    shape = call._replace(state=state, signature=sign, what=what, timeout=timeout, comparison=comparison)
     if comparison is not None:
         _agree(shape)  # before the plan: making a native one is a collective; online tuning steps on agreed calls
     plan, trial = _plan(state, call, collective, choice, sign, algorithm, segment, current, native_ok, timeout)
@@ -306,8 +287,7 @@ def _empty(name, blocking, algorithm, segment, check, timeout, call, state, curr
     return request.wait() if blocking else request
 
 
-def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, algorithm, segment, check,
-           comm) -> _Repeat:
+def _bound(shape: Call, call: Call, name, blocking, buffers, key, kept, algorithm, segment, check, comm) -> Call:
     """The call (`call`, its checked arguments; `shape`, what it shares with the calls of its shape) bound
     to its arrays: kept for its repeats on them under `key` (unless None, or the call makes a new
     result) and, where they are small, by them (keep_again)."""
@@ -326,8 +306,9 @@ def _bound(shape: _Repeat, call: Prepared, name, blocking, buffers, key, kept, a
         if compiled_steps is not None:
             steps = again.steps_runner(plan, state, compiled_steps, call.source, call.target)
     arrays = tuple((value, value.dtype, value is call.result) for value in buffers if type(value) is NDARRAY)
-    repeat = _Repeat((comm, *buffers), arrays, call, state, shape.signature, plan, native, run, steps, shape.what,
-                     timeout, shape.comparison, after, trial)
+    repeat = Call(call.collective, call.count, call.source, call.target, call.inplace, call.backend, call.reduce_op,
+                  call.result, after, call.context, state, shape.signature, plan, shape.what, timeout, shape.comparison,
+                  trial, (comm, *buffers), arrays, native, run, steps)
     # Untimed: neither a trial, nor compared, nor with a segment or timeout of its own. Not an alltoall
     # given counts, which the public functions do not look up: its counts are exchanged at every call.
     if trial is None and repeat.comparison is None and timeout is None and segment is None and check is None:
@@ -379,14 +360,14 @@ def _plan(state, call, collective, choice, sign, algorithm, segment, current, na
     return plan, None
 
 
-def _agree(repeat: _Repeat) -> None:
+def _agree(repeat: Call) -> None:
     """The call's comparison (check mode, a rooted call): MismatchError on every rank unless every rank
     makes it with the same arguments."""
     record, described, what = repeat.comparison
     agreement.agree(repeat.state, record, described, repeat.signature, repeat.timeout, not THREADS.several, what)
 
 
-def _through_host(call: Prepared, blocking, comm, algorithm, segment, check, timeout, op):
+def _through_host(call: Call, blocking, comm, algorithm, segment, check, timeout, op):
     """A small staged allreduce of device memory: the input copied to pinned host memory, allreduced
     there as a numpy call would be (the same messages as the per-message staging), and the copy of the
     result into the target queued on the stream current at the start. The result, or the Request."""

@@ -14,6 +14,7 @@ from mpi4py import MPI
 from .. import settings, tensors
 from ..ops import ReduceOp, check_dtype, parse_op
 from ..runtime.checks.refusal import refusing
+from ..runtime.safety.mismatch import Signature
 from ..runtime.safety.threads import note_thread
 from ..runtime.session.counts import count_matrix
 from ..runtime.session.state import comm_state, forget_waits_inside_mpi
@@ -23,11 +24,14 @@ from ..words import counted
 from .buffers import as_array
 from .checks import check_comm, check_options, checked_timeout
 
-__all__ = ["Prepared", "checked", "checked_call", "prepared", "counts_of", "with_count_matrix"]
+__all__ = ["Call", "checked", "checked_call", "prepared", "counts_of", "with_count_matrix"]
 
 
-class Prepared(NamedTuple):
-    """A call's buffers as the engine takes them, and what the call returns."""
+class Call(NamedTuple):
+    """A collective call, prepared: its checked arguments (the checks below make these alone), then
+    what it shares with the calls of its shape, its plan among it (call_path._shaped), then how it
+    runs, bound to its arrays (call_path._bound). A session keeps calls bound to their arrays by
+    their arguments (`repeats`) and, with no arrays, by their shape (`shapes`)."""
 
     collective: Collective
     count: int  # the schedule's: every block together
@@ -39,9 +43,23 @@ class Prepared(NamedTuple):
     result: object  # what the call returns
     after: object  # None, or what to do once it is done (an in-place reduce-scatter's copy of its block)
     context: object  # None, or entered around the call: a CUDA tensor's is torch's current stream
+    # Its shape's, once found:
+    state: object = None  # its communicator's session
+    signature: Signature | None = None
+    plan: object = None
+    what: object = None  # the call as a stall warning names it
+    timeout: float | None = None
+    comparison: tuple | None = None  # (record, call, what) for agreement.agree, where the ranks compare the call first
+    trial: object = None  # the online tuning trial the call is (never kept), or None
+    # Bound to its arrays:
+    arguments: tuple = ()  # the caller's communicator and buffers, held so that their ids in its key stay theirs
+    arrays: tuple = ()  # (array, dtype, written?) of the caller's numpy arrays: what may change in them in place
+    native: object = None  # start(): MPI's own nonblocking collective of the call (native_start's, or showing_roots')
+    run: object = None  # a function of none running the call blocking through its plan's MPI's own, or None
+    steps: object = None  # for a plan the stepwise path may run: a function of none running it on the call's arrays
 
 
-def checked_call(name: str, comm, algorithm, segment, check, *arguments) -> Prepared:
+def checked_call(name: str, comm, algorithm, segment, check, *arguments) -> Call:
     """A call of collective `name` checked whole: its communicator and options (checks.py), then its
     buffers (prepared)."""
     check_comm(comm, name)
@@ -49,7 +67,7 @@ def checked_call(name: str, comm, algorithm, segment, check, *arguments) -> Prep
     return prepared(name, comm, *arguments)
 
 
-def prepared(name: str, comm, *arguments) -> Prepared:
+def prepared(name: str, comm, *arguments) -> Call:
     """The checked arguments of a call of collective `name`; TypeError or ValueError naming the rank."""
     try:
         return _CHECKS[name](comm.Get_rank(), comm.Get_size(), *arguments)
@@ -57,7 +75,7 @@ def prepared(name: str, comm, *arguments) -> Prepared:
         raise type(error)(f"ringtree {name} on rank {comm.Get_rank()}: {error}") from None
 
 
-def _allreduce(rank, size, sendbuf, recvbuf, op) -> Prepared:
+def _allreduce(rank, size, sendbuf, recvbuf, op) -> Call:
     """allreduce's arrays (numpy's or CuPy's, as allreduce passes them: buffer specifications and tensors
     come as arrays, buffers.converted_call)."""
     reduce_op = parse_op(op)
@@ -92,10 +110,10 @@ def _allreduce(rank, size, sendbuf, recvbuf, op) -> Prepared:
             raise ValueError("recvbuf is read-only")
     target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     source = target if inplace else sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
-    return Prepared(ALLREDUCE, target.size, source, target, inplace, backend, reduce_op, recvbuf, None, None)
+    return Call(ALLREDUCE, target.size, source, target, inplace, backend, reduce_op, recvbuf, None, None)
 
 
-def _reduce_scatter(rank, size, sendbuf, recvbuf, counts, op) -> Prepared:
+def _reduce_scatter(rank, size, sendbuf, recvbuf, counts, op) -> Call:
     reduce_op = parse_op(op)
     inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
     if inplace and recvbuf is None:
@@ -115,11 +133,11 @@ def _reduce_scatter(rank, size, sendbuf, recvbuf, counts, op) -> Prepared:
     else:
         target = _receiving(recvbuf, source, backend, reduce_op, mine, f"rank {rank}'s block")
         result = recvbuf
-    return Prepared(Collective("reduce_scatter", counts), source.size, source, target, False, backend, reduce_op,
+    return Call(Collective("reduce_scatter", counts), source.size, source, target, False, backend, reduce_op,
                     result, after, _context(recvbuf if recvbuf is not None else sendbuf))
 
 
-def _allgather(rank, size, sendbuf, recvbuf, counts) -> Prepared:
+def _allgather(rank, size, sendbuf, recvbuf, counts) -> Call:
     inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
     if inplace and recvbuf is None:
         raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold this rank's block, but it is None")
@@ -142,19 +160,19 @@ def _allgather(rank, size, sendbuf, recvbuf, counts) -> Prepared:
             target = _flat_of(result)
         else:
             target, result = _receiving(recvbuf, source, backend, None, sum(counts), "every rank's block"), recvbuf
-    return Prepared(Collective("allgather", counts), sum(counts), source, target, inplace, backend, None, result, None,
+    return Call(Collective("allgather", counts), sum(counts), source, target, inplace, backend, None, result, None,
                     _context(recvbuf if recvbuf is not None else sendbuf))
 
 
-def _broadcast(rank, size, buf, root) -> Prepared:
+def _broadcast(rank, size, buf, root) -> Call:
     root = _root(root, size)
     target = _array(buf, "buf", writable=rank != root)
     backend = _backend(target, "buf", None)
-    return Prepared(Collective("broadcast", (), root), target.size, target[:0], target, False, backend, None, buf, None,
+    return Call(Collective("broadcast", (), root), target.size, target[:0], target, False, backend, None, buf, None,
                     _context(buf))
 
 
-def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
+def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Call:
     reduce_op = parse_op(op)
     root = _root(root, size)
     inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
@@ -166,7 +184,7 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
     backend = _backend(source, "sendbuf", reduce_op)
     collective = Collective("reduce", (), root)
     if rank != root:  # its recvbuf, if any, is not looked at, as in MPI
-        return Prepared(collective, source.size, source, source[:0], False, backend, reduce_op, None, None,
+        return Call(collective, source.size, source, source[:0], False, backend, reduce_op, None, None,
                         _context(sendbuf))
     if inplace:
         target, result = source, recvbuf
@@ -175,11 +193,11 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Prepared:
         target = _flat_of(result)
     else:
         target, result = _receiving(recvbuf, source, backend, reduce_op, source.size, "the result"), recvbuf
-    return Prepared(collective, source.size, source, target, inplace, backend, reduce_op, result, None,
+    return Call(collective, source.size, source, target, inplace, backend, reduce_op, result, None,
                     _context(recvbuf if recvbuf is not None else sendbuf))
 
 
-def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Prepared:
+def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Call:
     """An alltoall's arrays; `counts`: None for blocks alike, else the matrix the ranks' counts make
     (counts_of, then runtime/session/counts.py)."""
     inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
@@ -200,7 +218,7 @@ def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Prepared:
         target, result = _receiving(recvbuf, source, backend, None, receiving, "every rank's block"), recvbuf
     if sending < source.size:  # counts that leave the end of sendbuf out
         source = source[:sending]
-    return Prepared(collective, sum(collective.counts), source, target, False, backend, None, result, None,
+    return Call(collective, sum(collective.counts), source, target, False, backend, None, result, None,
                     _context(recvbuf if recvbuf is not None else sendbuf))
 
 

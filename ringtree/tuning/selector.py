@@ -83,6 +83,10 @@ class TuningTable:
             if not isinstance(rule, dict) or rule.get("algorithm") not in (*ALGORITHMS, NATIVE):
                 raise ValueError(f"{origin}: rule {i} names unknown algorithm "
                                  f"{rule.get('algorithm') if isinstance(rule, dict) else rule!r}")
+            for bounds in ("ranks", "bytes", "nodes", "ranks_per_node"):
+                if (bounds in rule or bounds in ("ranks", "bytes")) and not _is_range(rule.get(bounds)):
+                    raise ValueError(f"{origin}: rule {i} needs \"{bounds}\": [low, high] (high null for no bound), "
+                                     f"not {rule.get(bounds)!r}")
             otherwise = rule.get("without_native")
             if rule["algorithm"] == NATIVE and (otherwise.get("algorithm") if isinstance(otherwise, dict)
                                                 else None) not in ALGORITHMS:
@@ -154,6 +158,12 @@ def _check_collectives(collectives: dict, origin: str) -> None:
                     if rule.get("algorithm") not in known:
                         raise ValueError(f"{origin}: {name} on {nranks} ranks, {kind} {i} names unknown algorithm "
                                          f"{rule.get('algorithm')!r}")
+
+
+def _is_range(bounds) -> bool:
+    """Whether `bounds` is a rule's [low, high]: whole numbers, high null for no bound."""
+    return (isinstance(bounds, list) and len(bounds) == 2 and type(bounds[0]) is int
+            and (bounds[1] is None or type(bounds[1]) is int and bounds[1] >= bounds[0]))
 
 
 def _within(bounds: list, value: int) -> bool:

@@ -176,15 +176,14 @@ def native_runner(own: MPICollective, state, source, target, in_place: bool, roo
 
 
 def native_on(own: MPICollective, state, call, what):
-    """A blocking call of `call`'s shape (a collective_args.Prepared) through MPI's own `own`, as a
+    """A blocking call of `call`'s shape (a collective_args.Call) through MPI's own `own`, as a
     function of (source, target), for the calls of its shape on new arrays (again._NewResult). None for
     a rooted call that shows its roots with no persistent request (roots.showing_roots)."""
     if own.request is not None:
         return _through_request(own, state, call.source, call.target, call.collective.root)
     if own.collective.root is None and own.collective.kind.rooted:
         return None
-    return lambda source, target: run_started(own, state, native_start(call._replace(source=source, target=target),
-                                                                       own), target, what)
+    return lambda source, target: run_started(own, state, native_start(call, own, source, target), target, what)
 
 
 def _through_request(own: MPICollective, state, source, target, root, bound: bool = False):
@@ -365,11 +364,12 @@ def _wait(request: MPI.Request, state, seq: int, signature: Signature, arrays: t
         raise
 
 
-def native_start(call, own: MPICollective):
-    """MPI's own nonblocking collective of a call (a collective_args.Prepared) on its plan's
-    communicator, as a function of none made once for the call's repeats (a partial of mpi4py's
-    method: no Python frame of its own)."""
-    collective, source, target, comm, op = call.collective, call.source, call.target, own.comm, own.op
+def native_start(call, own: MPICollective, source=None, target=None):
+    """MPI's own nonblocking collective of a call (a collective_args.Call; on `source` and `target` in
+    place of its arrays, if given) on its plan's communicator, as a function of none made once for the
+    call's repeats (a partial of mpi4py's method: no Python frame of its own)."""
+    collective, comm, op = call.collective, own.comm, own.op
+    source, target = call.source if source is None else source, call.target if target is None else target
     kind, root, counts = collective.kind, collective.root, list(collective.counts)
     start = getattr(MPI.Intracomm, kind.nonblocking)  # Ireduce_scatter, Ibcast, ...: looked up once, here
     if kind.reduces and kind.blocks:  # Ireduce_scatter: under MPICH faster than Ireduce_scatter_block

@@ -58,7 +58,7 @@ def root_marks(name: str, op: ReduceOp | None, dtype: np.dtype, size: int, root:
 
 
 def showing_roots(state, call, own):
-    """A call (`call`, a collective_args.Prepared) as MPI's own allreduce that shows the roots, on arrays
+    """A call (`call`, a collective_args.Call) as MPI's own allreduce that shows the roots, on arrays
     of its own, on the communicator of its plan's MPI's own (`own`, a native.MPICollective, with its
     op). Returns (start, after): start() starts it; after() checks the roots and takes the data."""
     comm, op = own.comm, own.op

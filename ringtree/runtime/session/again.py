@@ -300,7 +300,7 @@ def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, conf
     """Keep a blocking call of collective `name` on `buffers` whose shape runs MPI's own (`own`, its plan's
     native.MPICollective), for the calls of its shape after it on new arrays (_NewResult): where its
     result is a new array (recvbuf None), a broadcast's buffer, or a numpy array given apart from the
-    first, and the call (`call`, a collective_args.Prepared) holds views of its arrays and nothing else;
+    first, and the call (`call`, a collective_args.Call) holds views of its arrays and nothing else;
     `confirm` as for keep_again."""
     returned = COLLECTIVES[name].returned_argument
     first, given = buffers[0], buffers[returned]

@@ -80,7 +80,7 @@ def of_arrangement(state, arranged, buffers, key) -> tuple | None:
     entry, arrangement = found
     if key in entry[1] or entry[0].state.broken is not None:
         return None
-    call = rebound(arrangement, buffers)
+    call = rebound(entry[0], arrangement, buffers)
     if call is None:
         return None
     seen_before(entry, key, buffers)
@@ -119,8 +119,8 @@ def keep_shape(entry, key_of_shape, shape, call, blocking, buffers, key, arrange
 
 def arrangement_of(call, buffers) -> tuple | None:
     """How a checked call's arrays come from its `buffers`, for calls on other arrays so arranged
-    (rebound): (the call's type and its fields but its arrays, where its source and target lie in the
-    buffers or a new result, its result, the buffers that must be writeable); None where the call
+    (rebound): (where its source and target lie in the buffers or a new result, its result, the
+    buffers that must be writeable); None where the call
     holds more than views of them (a scratch target, an `after`, a context), a new result that is not a
     numpy array, or two of its arrays share memory."""
     if call.after is not None or call.context is not None:
@@ -140,15 +140,15 @@ def arrangement_of(call, buffers) -> tuple | None:
         return None
     written = tuple(index for index in {places[1][0], made if type(made) is int else -1}
                     if 0 <= index < len(buffers) and buffers[index].flags.writeable)  # as the first call's were
-    return (type(call), (call.collective, call.count, call.inplace, call.backend, call.reduce_op), places[0], places[1],
-            made, written)
+    return places[0], places[1], made, written
 
 
-def rebound(arrangement, buffers):
-    """The call of `arrangement` (arrangement_of) on these buffers, so arranged, after only the checks
-    other arrays of an arrangement can fail: C-contiguous, writeable where written, distinct arrays apart;
-    None where one fails (the call's full checks then say what)."""
-    kind, (collective, count, inplace, backend, reduce_op), source, target, made, written = arrangement
+def rebound(shape, arrangement, buffers):
+    """The call of `shape` (its checked call with no arrays) on these buffers, so arranged (`arrangement`,
+    arrangement_of's), after only the checks other arrays of an arrangement can fail: C-contiguous,
+    writeable where written, distinct arrays apart; None where one fails (the call's full checks then
+    say what)."""
+    source, target, made, written = arrangement
     first = other = None
     for value in buffers:  # two arrays at most
         if type(value) is NDARRAY:
@@ -168,8 +168,9 @@ def rebound(arrangement, buffers):
     else:
         result = np.empty(*made)
         buffers = (*buffers, result)
-    return kind(collective, count, flat(buffers, *source), flat(buffers, *target), inplace, backend, reduce_op,
-                result, None, None)  # collective_args.Prepared's fields in their order: no after, no context
+    # a collective_args.Call of its checked arguments alone: no after, no context (arrangement_of)
+    return type(shape)(shape.collective, shape.count, flat(buffers, *source), flat(buffers, *target), shape.inplace,
+                       shape.backend, shape.reduce_op, result, None, None)
 
 
 def repeat_of(state, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):

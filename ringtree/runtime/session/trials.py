@@ -25,7 +25,7 @@ LINE_UP_CLASS = 16
 
 
 def tuned_plan(state, call, native: bool, timeout, build):
-    """(plan, trial) for an "auto" allreduce (`call`, a collective_args.Prepared) that online tuning
+    """(plan, trial) for an "auto" allreduce (`call`, a collective_args.Call) that online tuning
     chooses: the plan of its choice, and the trial the call is, if any; (None, None) where nothing is
     learned and nothing is being learned (the table or the model chooses). `build(choice, plan_key)`
     makes a plan not made before."""
