@@ -287,7 +287,7 @@ def test_nonblocking_calls_run_mpis_own_allreduce_where_online_tuning_committed_
             world.Allreduce(data, expected)
             inplace = data.copy()
             requests = [ringtree.iallreduce(data, comm=comm), ringtree.iallreduce(MPI.IN_PLACE, inplace, comm=comm)]
-            kinds.update(type(request._execution).__name__ for request in requests)
+            kinds.update(type(request.execution).__name__ for request in requests)
             while not requests[1].test():  # polled, then the other waited for: out of order
                 pass
             if not (np.array_equal(requests[0].wait(), expected) and np.array_equal(inplace, expected)):

@@ -378,4 +378,4 @@ def _through_host(call: Call, blocking, comm, algorithm, segment, check, timeout
     if blocking:
         backend.to_device(host, target, stream)
         return call.result
-    return Request(ran._execution, call.result, lambda: backend.to_device(host, target, stream))
+    return Request(ran.execution, call.result, lambda: backend.to_device(host, target, stream))

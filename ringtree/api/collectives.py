@@ -22,7 +22,7 @@ from ..runtime.session.state import SESSIONS
 from .call_path import run
 from .checks import checked_timeout
 from .collective_args import checked_call, with_count_matrix
-from .persistent import PersistentRequest
+from .persistent import PersistentRequest, started
 from .request import Request
 
 __all__ = ["reduce_scatter", "ireduce_scatter", "reduce_scatter_init", "allgather", "iallgather", "allgather_init",
@@ -221,7 +221,7 @@ for _function in (reduce_scatter, allgather, broadcast, reduce, alltoall):
 
 
 def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRequest:
-    """The arguments checked once, here; every Start starts the nonblocking call of them."""
+    """The arguments checked once, here; every Start starts the nonblocking call of them (started)."""
     comm = MPI.COMM_WORLD if comm is None else comm
     with refusing(comm):
         call = checked_call(name, comm, algorithm, None, check, *buffers)
@@ -231,7 +231,7 @@ def _persistent(name, comm, algorithm, check, timeout, *buffers) -> PersistentRe
             raise ValueError(f"ringtree {name}_init on rank {comm.Get_rank()}: a persistent {name} needs recvbuf: "
                              "the result goes there at every Wait")
         checked_timeout(timeout, comm, None, name)
-    return PersistentRequest(partial(run, name, False, comm, algorithm, None, check, timeout, *buffers), name)
+    return PersistentRequest(partial(started, name, comm, algorithm, check, timeout, buffers), name)
 
 
 named_defaults(reduce_scatter, ireduce_scatter, reduce_scatter_init, reduce, ireduce, reduce_init)

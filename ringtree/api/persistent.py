@@ -12,15 +12,16 @@ from .. import settings
 from ..ops import known_op, named_defaults
 from ..runtime.checks.refusal import refusing
 from ..runtime.engine.native import NativeInFlight, free_plan, native_plan
+from ..runtime.session.again import MISSED, started_again
 from ..runtime.session.one_caller import in_call
 from ..runtime.transports.backend import NoDevice
-from .allreduce import iallreduce
 from .buffers import converted, is_plain_call, passes_through
+from .call_path import run
 from .checks import checked_timeout
 from .collective_args import checked_call
 from .request import empty_status
 
-__all__ = ["PersistentRequest", "allreduce_init"]
+__all__ = ["PersistentRequest", "allreduce_init", "started"]
 
 
 def allreduce_init(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto", check=None, timeout=None):
@@ -49,7 +50,7 @@ def _allreduce_init(sendbuf, recvbuf, op, comm, algorithm, check, timeout):
 
     def start():
         with call.context:
-            return iallreduce(call.send, call.recv, op, comm=comm, algorithm=algorithm, check=check, timeout=timeout)
+            return started("allreduce", comm, algorithm, check, timeout, (call.send, call.recv, op))
     source, target, inplace = prepared_call.source, prepared_call.target, prepared_call.inplace
     if (type(target) is not np.ndarray or check is not None or timeout is not None or known_op(op) is None
             or algorithm != "auto"):  # a named algorithm never settles on MPI's own
@@ -63,7 +64,7 @@ def _bound_native(started, source, target, inplace, reduce_op) -> NativeInFlight
     shape, not as a trial of online tuning (what every rank's call does alike, at the same Start), MPI's
     own persistent request (Allreduce_init) of these arrays on a native plan of the request's own, made
     here and freed with it, inactive until its restart(); else None, to ask again at the next Start."""
-    native = getattr(started, "_execution", None)
+    native = getattr(started, "execution", None)
     # a trial's `then` records its time; an op of none: a call MPI's own computes (passed_through.py)
     if type(native) is not NativeInFlight or native.then is not None or native.own.op is None:
         return None
@@ -75,6 +76,16 @@ def _bound_native(started, source, target, inplace, reduce_op) -> NativeInFlight
     bound = native_plan(reduce_op, own.divide, state, target.size, target.dtype, own.signature, None, native.seq)
     request = bound.comm.Allreduce_init(MPI.IN_PLACE if inplace else source, target, bound.op)
     return NativeInFlight(bound, state, source, target, inplace, None, native.what, persistent=request)
+
+
+def started(name, comm, algorithm, check, timeout, buffers):
+    """A Start's call of collective `name` on `buffers` (its public function's arguments): by the start
+    kept for its arrays, as its i-function starts it (again.started_again), else on the one path."""
+    if check is timeout is None:
+        request = started_again(name, comm, algorithm, buffers)
+        if request is not MISSED:
+            return request
+    return run(name, False, comm, algorithm, None, check, timeout, *buffers)
 
 
 class PersistentRequest:

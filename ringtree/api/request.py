@@ -19,32 +19,33 @@ __all__ = ["Request", "MPIRequest"]
 
 
 class Request:
-    """A collective in flight. `wait()` returns the result array; `test()` says whether it is done."""
+    """A collective in flight. `wait()` returns the result array; `test()` says whether it is done.
+    `execution`: what it tests and waits on (engine.Execution, NativeInFlight or EmptyCall)."""
 
-    __slots__ = ("_execution", "_result", "_then")
+    __slots__ = ("execution", "_result", "_then")
 
     def __init__(self, execution: Execution | NativeInFlight, result, then=None) -> None:
-        self._execution = execution
+        self.execution = execution
         self._result = result
         self._then = then  # what is left to do once the execution is done
 
     def test(self) -> bool:
-        note_thread(self._execution.comm)
-        done = self._execution.test()
+        note_thread(self.execution.comm)
+        done = self.execution.test()
         if done and self._then is not None:
             self._finish()
         return done
 
     def wait(self):
-        note_thread(self._execution.comm)
-        self._execution.wait()
+        note_thread(self.execution.comm)
+        self.execution.wait()
         if self._then is not None:
             self._finish()
         return self._result
 
     def _wait_for_another(self) -> None:
         """wait() in the progress thread (in_flight.py), which makes no call: no thread is noted."""
-        self._execution.wait()
+        self.execution.wait()
         if self._then is not None:
             self._finish()
 

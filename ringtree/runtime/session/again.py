@@ -24,8 +24,8 @@ from ..safety.threads import THREADS, get_ident
 from .one_caller import intruded, one_caller
 from .state import SESSIONS, existing_state
 
-__all__ = ["kept_runs", "ran_into_given", "would_keep_into_given", "INTO_GIVEN", "RECENT", "BY_ID", "BY_VALUE", "MISSED",
-           "keep_again", "keep_new_result", "may_keep", "steps_runner", "place", "flat"]
+__all__ = ["kept_runs", "ran_into_given", "started_again", "would_keep_into_given", "INTO_GIVEN", "RECENT", "BY_ID",
+           "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner", "place", "flat"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
 
@@ -214,6 +214,18 @@ def ran_into_given(name, comm, algorithm, buffers):
     last = SESSIONS.kept
     into = (last[1] if comm is last[0] else kept_runs(comm))[name].get(INTO_GIVEN)
     return MISSED if into is None else into.ran_into(buffers, comm, algorithm)
+
+
+def started_again(name, comm, algorithm, buffers):
+    """A nonblocking call of collective `name` on `buffers` (its public function's arguments) started by
+    the start kept for its result array (its i-function's entry: a persistent request's Start looks
+    there as the i-function does), and its Request; MISSED where none is kept or the call is not its."""
+    returned, last = COLLECTIVES[name].returned_argument, SESSIONS.kept
+    kept = (last[1] if comm is last[0] else kept_runs(comm))["i" + name].get(id(buffers[returned]))
+    if kept is None:
+        return MISSED
+    first, second, third = (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
+    return kept.ran(first, second, third, comm, algorithm)
 
 
 def would_keep_into_given(state, first, result) -> bool:
