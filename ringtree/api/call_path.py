@@ -295,8 +295,9 @@ def _bound(shape: Call, call: Call, name, blocking, buffers, key, kept, algorith
     native = run = steps = None
     after = call.after
     if plan.native is not None:
-        if blocking:  # a started call starts MPI's nonblocking collective (_start)
-            run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root)
+        if blocking:  # a started call starts MPI's nonblocking collective (_start); arrays of this call alone: once
+            run = native_runner(plan.native, state, call.source, call.target, call.inplace, call.collective.root,
+                                key is None and not kept)
         if run is None and call.collective.kind.rooted and plan.native.collective.root is None:  # it shows the roots
             native, after = showing_roots(state, call, plan.native)
         elif run is None:

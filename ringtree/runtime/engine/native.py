@@ -126,8 +126,7 @@ def _persistent(collective: Collective, comm, count: int, dtype: np.dtype, op, r
 
 
 def free_plan(own: MPICollective) -> None:
-    """Free the plan's persistent request and communicator (never after a mismatch: CommState.free
-    keeps a broken state's communicators)."""
+    """Free the plan's persistent request and communicator (not a broken state's: CommState.free)."""
     if own.request:  # not None, and not freed already (a freed request is MPI.REQUEST_NULL)
         own.request.Free()
     own.comm.Free()
@@ -166,12 +165,13 @@ def run_started(own: MPICollective, state, start, target, what) -> None:
         own.divide(target, state.size)
 
 
-def native_runner(own: MPICollective, state, source, target, in_place: bool, root: int | None = 0):
-    """A blocking call of these arguments as a function of none, for a call repeated on the same
-    arrays: through the plan's persistent request (_through_request); `root`: a broadcast's or
-    reduce's. Without a persistent request, run_native's call for an allreduce, else None."""
+def native_runner(own: MPICollective, state, source, target, in_place: bool, root: int | None = 0, once=False):
+    """A blocking call of these arguments (`root`: a broadcast's or reduce's) as a function of none: through
+    the plan's persistent request, bound to the arrays unless `once`; else run_native's for an allreduce."""
     if own.request is None:
         return partial(run_native, own, state, source, target, in_place) if own.collective is ALLREDUCE else None
+    if once:
+        return partial(_through_request(own, state, source, target, root), source, target)
     return _through_request(own, state, source, target, root, bound=True)
 
 

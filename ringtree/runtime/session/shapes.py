@@ -158,7 +158,7 @@ def rebound(shape, arrangement, buffers):
                 first = value
             elif value is not first:
                 other = value
-    if other is not None and np.may_share_memory(first, other):
+    if other is not None and not (first.flags.owndata and other.flags.owndata) and np.may_share_memory(first, other):
         return None
     for index in written:
         if not buffers[index].flags.writeable:
