@@ -18,7 +18,8 @@ from ..ops import known_op
 from ..runtime.checks import agreement
 from ..runtime.engine.empty import EmptyCall
 from ..runtime.engine.in_flight import IN_FLIGHT
-from ..runtime.engine.native import NativeInFlight, native_runner, native_start, reduces, run_native, run_started, start_native
+from ..runtime.engine.mpi_calls import native_start
+from ..runtime.engine.native import NativeInFlight, native_runner, reduces, run_native, run_started, start_native
 from ..runtime.engine.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
 from ..runtime.engine.stepwise import may_step
 from ..runtime.safety.mismatch import signature
