@@ -16,6 +16,7 @@ from ringtree.algorithms import GENERATORS
 from ringtree.api import persistent
 from ringtree.ops import ReduceOp, check_dtype, parse_op
 from ringtree.runtime.engine.native import reduces
+from ringtree.runtime.session.state import comm_state
 from ringtree.runtime.transports.backend import NumpyBackend
 
 pytestmark = pytest.mark.mpi
@@ -175,6 +176,24 @@ def failures_on(comm, name, algorithm, segment, made, host) -> list[str]:
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_each_collective_s_auto_gives_mpi_s_result_for_every_root_and_blocks(comm, name):
     assert_everywhere(comm, failures_on(comm, name, "auto", None, np.array, np.asarray))
+
+
+@pytest.mark.parametrize("name", [*ALGORITHMS, "allreduce"])
+def test_native_runs_mpi_s_own_through_ringtree_s_path_and_gives_mpi_s_result(comm, name):
+    local = comm.Dup()  # a session of its own: its plans are this test's
+    if name == "allreduce":
+        x, expected = np.arange(10, dtype=np.int64) * (comm.rank + 1), np.empty(10, np.int64)
+        comm.Allreduce(x, expected)
+        got = [ringtree.allreduce(x, algorithm="native", comm=local),
+               ringtree.iallreduce(x, algorithm="native", comm=local).wait()]
+        failures = [f"allreduce native: {result} != {expected}" for result in got if not np.array_equal(result, expected)]
+    else:
+        failures = failures_on(local, name, "native", None, np.array, np.asarray)
+    plans = [plan for key, plan in comm_state(local).plans.items() if key[2] == "native"]  # by the algorithm named
+    if not plans or any(plan.native is None for plan in plans):
+        failures.append(f"{name} native: {len(plans)} plans, of which MPI's own {[p.native is not None for p in plans]}")
+    local.Free()
+    assert_everywhere(comm, failures)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS["reduce_scatter"])

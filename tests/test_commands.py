@@ -24,7 +24,7 @@ def bench_results(tmp_path_factory):
     for inplace in (False, True):
         path = folder / f"bench-{inplace}.json"
         args = ["-m", "ringtree", "bench", "-b", "8", "-e", "256K", "-f", "16", "--iters", "3", "--warmup", "1",
-                "--algorithms", "ring,tree,recursive_doubling,auto,native", "--json", str(path)]
+                "--algorithms", "ring,tree,recursive_doubling,auto,native,native-path", "--json", str(path)]
         run = run_mpiexec(2, *args, *(["--inplace", "--passes", "3"] if inplace else []))
         assert run.returncode == 0, run.stdout + run.stderr
         results[inplace] = (run.stdout, json.loads(path.read_text()))
@@ -36,7 +36,8 @@ def test_bench_checks_every_size_against_native(bench_results, inplace):
     stdout, result = bench_results[inplace]
     sizes = sorted({row["size"] for row in result["rows"]})
     assert sizes == [8, 128, 2048, 32768]
-    assert {row["algorithm"] for row in result["rows"]} == {"ring", "tree", "recursive_doubling", "auto", "native"}
+    assert {row["algorithm"] for row in result["rows"]} == {"ring", "tree", "recursive_doubling", "auto", "native",
+                                                            "native-path"}
     assert all(row["wrong"] == 0 for row in result["rows"])
     assert result["inplace"] is inplace and result["ranks"] == 2
     assert "busbw" in stdout and "#wrong" in stdout
@@ -340,7 +341,10 @@ def test_calibrate_writes_costs_the_simulator_takes(tmp_path):
     (["bench", "--algorithms", "roundtrip"], "'roundtrip' copies CuPy arrays to the host: it goes with --cupy"),
     (["bench", "--batch", "0"], "argument --batch: must be above 0, not 0"),
     (["bench", "--collective", "broadcast", "--algorithms", "pairwise"],
-     "--algorithms: pairwise is not a broadcast algorithm; known: binomial, chain, scatter_allgather, auto, native"),
+     "--algorithms: pairwise is not a broadcast algorithm; known: binomial, chain, scatter_allgather, auto, native, "
+     "native-path"),
+    (["bench", "--collective", "alltoallv", "--algorithms", "native-path"],
+     "'native-path' runs numpy arrays in blocks alike: leave out --cupy and alltoallv"),
     (["bench", "--collective", "allgather", "--inplace"], "--collective allgather times numpy arrays out of place"),
     (["bench", "--collective", "gather"], "argument --collective: invalid choice: 'gather'"),
     (["tune", "--algorithms", "fastest"], "argument --algorithms: unknown algorithm 'fastest'"),

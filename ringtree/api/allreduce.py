@@ -27,8 +27,8 @@ def allreduce(sendbuf, recvbuf=None, op=MPI.SUM, *, comm=None, algorithm="auto",
     tensor), or any other buffer mpi4py's Allreduce takes (docs/buffers.md); or
     MPI.IN_PLACE (or None) with the input in `recvbuf`. The result goes into
     `recvbuf`, which is returned; when None, into a new array of a numpy sendbuf's
-    shape and order (a new tensor for a tensor). `algorithm` is "auto" or a name
-    from ringtree.algorithms.ALGORITHMS; `segment` (bytes) overrides the
+    shape and order (a new tensor for a tensor). `algorithm` is "auto", "native" (MPI's
+    own) or a name from ringtree.algorithms.ALGORITHMS; `segment` (bytes) overrides the
     pipeline's segment size. `check=True` (default: RINGTREE_CHECK) makes the
     ranks agree on the call's arguments first and raise MismatchError if they
     differ; `timeout` (seconds, default: RINGTREE_TIMEOUT) raises TimeoutError

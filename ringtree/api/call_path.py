@@ -16,10 +16,11 @@ from mpi4py import MPI
 
 from ..ops import known_op
 from ..runtime.checks import agreement
+from ..runtime.checks.refusal import refusing
 from ..runtime.engine.empty import EmptyCall
 from ..runtime.engine.in_flight import IN_FLIGHT
 from ..runtime.engine.mpi_calls import native_start
-from ..runtime.engine.native import NativeInFlight, native_runner, reduces, run_native, run_started, start_native
+from ..runtime.engine.native import NativeInFlight, native_runner, run_native, run_started, start_native
 from ..runtime.engine.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
 from ..runtime.engine.stepwise import may_step
 from ..runtime.safety.mismatch import signature
@@ -47,6 +48,7 @@ from ..tuning.collectives import NATIVE, choose
 from ..tuning.online import Tuner
 from ..tuning.selector import log_choice, select, table
 from .buffers import is_plain_call
+from .checks import not_native
 from .collective_args import Call, checked, checked_call, with_count_matrix
 from .converted import converted_call
 from .request import Request
@@ -239,8 +241,11 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     comparison of the arguments first, where the ranks compare them); its arrays not yet bound."""
     dtype, backend, reduce_op = call.source.dtype, call.backend, call.reduce_op  # the target's dtype too
     nbytes = call.count * dtype.itemsize
-    # MPI's own is a candidate for untimed calls only: a wait inside it does not keep a timeout.
-    native_ok = timeout is None and backend is NumpyBackend and (reduce_op is None or reduces(dtype, reduce_op))
+    not_mpi_s = not_native(backend, dtype, reduce_op, timeout)  # MPI's own is a candidate unless
+    native_ok = not_mpi_s is None
+    if algorithm == NATIVE and not native_ok:
+        with refusing(comm):
+            raise ValueError(f"ringtree {name} on rank {state.rank}: algorithm 'native' (MPI's own) cannot run {not_mpi_s}")
     compared = current.check if check is None else check
     collective = call.collective
     kind = collective.kind

@@ -20,6 +20,7 @@ from ..runtime.session.counts import count_matrix
 from ..runtime.session.state import comm_state, forget_waits_inside_mpi
 from ..runtime.transports.backend import Backend, NoDevice, NumpyBackend, backend_for
 from ..schedule.ir import ALLREDUCE, Collective, blocks
+from ..tuning.online import NATIVE
 from ..words import counted
 from .buffers import as_array
 from .checks import check_comm, check_options, checked_timeout
@@ -231,6 +232,8 @@ def counts_of(comm, algorithm, segment, check, sendbuf, recvbuf, sendcounts,
     check_options("alltoall", comm, algorithm, segment, check)
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
+        if algorithm == NATIVE:  # MPI's own alltoall is a candidate of blocks alike only (native_start)
+            raise ValueError("algorithm 'native' (MPI's own) runs alltoalls of blocks alike, not counts given")
         inplace = sendbuf is MPI.IN_PLACE or sendbuf is None
         if inplace and recvbuf is None:
             raise ValueError("sendbuf is MPI.IN_PLACE, so recvbuf must hold the input, but it is None")

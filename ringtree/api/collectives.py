@@ -29,7 +29,7 @@ __all__ = ["reduce_scatter", "ireduce_scatter", "reduce_scatter_init", "allgathe
            "broadcast", "ibroadcast", "broadcast_init", "reduce", "ireduce", "reduce_init", "alltoall", "ialltoall",
            "alltoall_init"]
 
-_OPTIONS = """`algorithm` is "auto" or one of ringtree.algorithms.GENERATORS[collective]; `segment`
+_OPTIONS = """`algorithm` is "auto", "native" (MPI's own) or one of ringtree.algorithms.GENERATORS[collective]; `segment`
     (bytes) overrides the pipeline's segment size; `check` and `timeout` are as for allreduce."""
 
 

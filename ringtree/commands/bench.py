@@ -6,7 +6,8 @@ that blocks differ while every rank sends and receives the size).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm makes one call from the input, whose result is checked
-against `native` (the MPI library's own Allreduce) on the same data, and then
+against `native` (the MPI library's own Allreduce, as mpi4py calls it; `native-path`
+is MPI's own through ringtree's call path, `algorithm="native"`, as `auto` runs it) on the same data, and then
 its --warmup calls as the timing runs them (an allreduce's `auto`: until online
 tuning's trials of its candidates are over). Then the algorithms take turns,
 repetition by repetition, in an order shuffled for each repetition, so drift
@@ -74,6 +75,7 @@ from .measure import (
 )
 
 ROUNDTRIP = "roundtrip"
+NATIVE_PATH = "native-path"  # MPI's own through ringtree's call path (algorithm="native"), as `auto` runs it
 COLLECTIVES = [*GENERATORS, *UNEVEN]
 
 
@@ -85,10 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this at each step")
     parser.add_argument("--collective", choices=COLLECTIVES, default="allreduce",
                         help="the collective to time (with nccl-tests' size and busbw for each)")
-    parser.add_argument("--algorithms", type=comma_list([*algorithm_names(), "auto", NATIVE, ROUNDTRIP]), default=None,
+    parser.add_argument("--algorithms", type=comma_list([*algorithm_names(), "auto", NATIVE, NATIVE_PATH, ROUNDTRIP]),
+                        default=None,
                         help=f"comma-separated, from {', '.join(ALGORITHMS)} (allreduce's; another collective's: "
-                             "ringtree.algorithms.GENERATORS), auto, native, and with --cupy roundtrip "
-                             "(default: ring,tree,auto,native; another collective's: all of its, auto, native)")
+                             "ringtree.algorithms.GENERATORS), auto, native (mpi4py's call of MPI's own), native-path "
+                             "(MPI's own through ringtree's path, as auto runs it: algorithm=\"native\"), and with --cupy "
+                             "roundtrip (default: ring,tree,auto,native; another collective's: all of its, auto, native)")
     parser.add_argument("--cupy", action="store_true", help="CuPy arrays on the GPU instead of numpy arrays")
     parser.add_argument("--dtype", type=dtype, default="float32", help="numpy dtype name")
     parser.add_argument("--op", choices=["sum", "prod", "min", "max", "avg"],
@@ -116,9 +120,11 @@ def check(args: argparse.Namespace) -> None:
     kind = kind_of(args.collective)
     if args.algorithms is None:
         args.algorithms = [*(kind.bench_algorithms or sorted(known)), "auto", NATIVE]
-    unknown = [name for name in args.algorithms if name not in (*known, "auto", NATIVE, ROUNDTRIP)]
+    unknown = [name for name in args.algorithms if name not in (*known, "auto", NATIVE, NATIVE_PATH, ROUNDTRIP)]
     if unknown:
-        raise not_its_algorithms(args.collective, unknown, [*sorted(known), "auto", NATIVE])
+        raise not_its_algorithms(args.collective, unknown, [*sorted(known), "auto", NATIVE, NATIVE_PATH])
+    if NATIVE_PATH in args.algorithms and (args.cupy or args.collective in UNEVEN):
+        raise UsageError(f"'{NATIVE_PATH}' runs numpy arrays in blocks alike: leave out --cupy and alltoallv")
     if args.op is not None and args.collective not in REDUCING:
         raise UsageError(f"--op {args.op}: {args.collective} reduces nothing; --op goes with {', '.join(REDUCING)}")
     args.op = args.op or "sum"
@@ -132,8 +138,9 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--op {args.op} --dtype {args.dtype}: {error}") from None
     if ROUNDTRIP in args.algorithms and not args.cupy:
         raise UsageError(f"'{ROUNDTRIP}' copies CuPy arrays to the host: it goes with --cupy")
-    if args.dtype == np.float16 and {NATIVE, ROUNDTRIP} & set(args.algorithms):
-        raise UsageError("native MPI has no float16 reduction; leave out 'native' and 'roundtrip' or pick another dtype")
+    if args.dtype == np.float16 and {NATIVE, NATIVE_PATH, ROUNDTRIP} & set(args.algorithms):
+        raise UsageError("native MPI has no float16 reduction; leave out 'native', 'native-path' and 'roundtrip' or "
+                         "pick another dtype")
     if args.cupy:
         try:
             cupy_backend()
@@ -294,7 +301,7 @@ def _call(comm, name, algorithm, data, out, op, segment, inplace: bool = False, 
                 native()
                 out[...] /= comm.Get_size()
     else:
-        options = dict(comm=comm, algorithm=algorithm, segment=segment)
+        options = dict(comm=comm, algorithm=NATIVE if algorithm == NATIVE_PATH else algorithm, segment=segment)
         call = {"allreduce": lambda: allreduce(send, out, op, **options),
                 "reduce_scatter": lambda: collectives.reduce_scatter(send, out, None, op, **options),
                 "allgather": lambda: collectives.allgather(send, out, **options),

@@ -38,6 +38,7 @@ from ...algorithms import REGISTRY, SHIPPED
 from ...errors import MismatchError
 from ...ops import ReduceOp
 from ...schedule.collectives import COLLECTIVES
+from ...tuning.online import NATIVE
 from ...words import counted
 from .backoff import Backoff
 
@@ -113,6 +114,8 @@ def signature(count: int, dtype: np.dtype | str, op: str | None, algorithm: str,
     names = _ALGORITHMS.get(collective, _MPI_ONLY)
     if algorithm in names:
         coded = names.index(algorithm)
+    elif algorithm == NATIVE:  # named by the call: coded as a program's own would be, without a generator
+        coded, rest = PROGRAMS, f"{rest},{algorithm}"
     else:  # a program's own: which one, and where its generator is defined, as well as the code can say
         coded, rest = PROGRAMS, f"{rest},{algorithm},{REGISTRY[collective][algorithm].origin}"
     hashed = _crc(rest) & 15
