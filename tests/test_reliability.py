@@ -543,6 +543,20 @@ def test_a_stall_in_one_thread_warns_while_another_thread_is_not_stalled():
     assert warnings and all("on rank 0 of ringtree(comm)" in w and "it waits for rank 1" in w for w in warnings), run.stderr
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("others", ["ring", "auto"])
+def test_a_rank_that_names_native_where_the_others_do_not_gets_a_mismatch_on_every_rank(comm, others):
+    if comm.size < 2:
+        pytest.skip("needs ranks that differ")
+    local = comm.Dup()  # a mismatch leaves it unusable
+    try:
+        allreduce(np.ones(8), comm=local, algorithm="native" if comm.rank == 0 else others)
+        outcome = "no MismatchError"
+    except ringtree.MismatchError as error:
+        outcome = "named" if "algorithm: 'native' on rank 0" in str(error) else f"vague: {error}"
+    assert_everywhere(comm, [] if outcome == "named" else [outcome])
+
+
 def test_signatures_tell_apart_every_dtype_op_and_algorithm_and_tags_fit_the_mpi():
     from ringtree.ops import ReduceOp
     from ringtree.runtime.safety.mismatch import TagLayout, signature
@@ -550,7 +564,7 @@ def test_signatures_tell_apart_every_dtype_op_and_algorithm_and_tags_fit_the_mpi
     codes = {signature(10, d, "sum", "auto", None).code for d in dtypes}
     assert len(codes) == len(dtypes)
     assert len({signature(10, np.dtype("f4"), op.value, "auto", None).code for op in ReduceOp}) == len(ReduceOp)
-    algorithms = ["auto", *ALGORITHMS]
+    algorithms = ["auto", "native", *ALGORITHMS]
     assert len({signature(10, np.dtype("f4"), "sum", a, None).code for a in algorithms}) == len(algorithms)
     for tag_ub in (32767, (1 << 29) - 1, (1 << 31) - 1):
         layout = TagLayout.of(tag_ub)
