@@ -241,11 +241,12 @@ def _shaped(name, comm, algorithm, segment, check, timeout, call, state, current
     comparison of the arguments first, where the ranks compare them); its arrays not yet bound."""
     dtype, backend, reduce_op = call.source.dtype, call.backend, call.reduce_op  # the target's dtype too
     nbytes = call.count * dtype.itemsize
-    not_mpi_s = not_native(backend, dtype, reduce_op, timeout)  # MPI's own is a candidate unless
-    native_ok = not_mpi_s is None
+    why_not_native = not_native(backend, dtype, reduce_op, timeout)  # None: MPI's own is a candidate
+    native_ok = why_not_native is None
     if algorithm == NATIVE and not native_ok:
         with refusing(comm):
-            raise ValueError(f"ringtree {name} on rank {state.rank}: algorithm 'native' (MPI's own) cannot run {not_mpi_s}")
+            raise ValueError(f"ringtree {name} on rank {state.rank}: algorithm 'native' (MPI's own) cannot run "
+                             f"{why_not_native}")
     compared = current.check if check is None else check
     collective = call.collective
     kind = collective.kind

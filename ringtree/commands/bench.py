@@ -6,10 +6,11 @@ that blocks differ while every rank sends and receives the size).
 
 In the style of nccl-tests' all_reduce_perf. Run it under mpiexec. For every
 size, each algorithm makes one call from the input, whose result is checked
-against `native` (the MPI library's own Allreduce, as mpi4py calls it; `native-path`
-is MPI's own through ringtree's call path, `algorithm="native"`, as `auto` runs it) on the same data, and then
-its --warmup calls as the timing runs them (an allreduce's `auto`: until online
-tuning's trials of its candidates are over). Then the algorithms take turns,
+against `native` (the MPI library's own Allreduce, as mpi4py calls it;
+`native-path` is MPI's own through ringtree's call path, `algorithm="native"`,
+as `auto` runs it) on the same data, and then its --warmup calls as the timing
+runs them (an allreduce's `auto`: until online tuning's trials of its
+candidates are over). Then the algorithms take turns,
 repetition by repetition, in an order shuffled for each repetition, so drift
 of a shared machine hits them alike. A turn is a barrier and then a batch of
 back-to-back calls, as in nccl-tests (calls for about a millisecond, or
