@@ -137,12 +137,12 @@ def _on_gpu(result) -> bool:
 
 class PointToPoint:
     """MPI's own send or receive of a group, started by `start()` on the group's communicator: what a
-    work tests and waits on. Its waits progress ringtree's
-    collectives in flight, are watched for a stall, and keep `timeout`: past it, TimeoutError, a
-    receive cancelled first (it must not land in the caller's memory later) and a send let go (MPI
-    cannot cancel one that has begun; waiting for it could take for ever), its request and `buffers`
-    kept in `abandoned` (MPI may read them later: a peer that comes late reads a large message straight
-    from them). `what`: the call, as a warning or error names it; `receive`: whether it is a receive."""
+    work tests and waits on. Its waits progress ringtree's collectives in flight, are watched for a
+    stall, and keep `timeout`: past it, TimeoutError, a receive cancelled first (it must not land in
+    the caller's memory later) and a send let go (MPI cannot cancel one that has begun; waiting for
+    it could take for ever), its request and `buffers` kept in `abandoned` (MPI may read them later:
+    a peer that comes late reads a large message straight from them). `what`: the call, as a warning
+    or error names it; `receive`: whether it is a receive."""
 
     __slots__ = ("comm", "request", "done", "timeout", "what", "receive", "buffers", "abandoned")
 
