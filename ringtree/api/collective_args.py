@@ -135,7 +135,7 @@ def _reduce_scatter(rank, size, sendbuf, recvbuf, counts, op) -> Call:
         target = _receiving(recvbuf, source, backend, reduce_op, mine, f"rank {rank}'s block")
         result = recvbuf
     return Call(Collective("reduce_scatter", counts), source.size, source, target, False, backend, reduce_op,
-                    result, after, _context(recvbuf if recvbuf is not None else sendbuf))
+                result, after, _context(recvbuf if recvbuf is not None else sendbuf))
 
 
 def _allgather(rank, size, sendbuf, recvbuf, counts) -> Call:
@@ -162,7 +162,7 @@ def _allgather(rank, size, sendbuf, recvbuf, counts) -> Call:
         else:
             target, result = _receiving(recvbuf, source, backend, None, sum(counts), "every rank's block"), recvbuf
     return Call(Collective("allgather", counts), sum(counts), source, target, inplace, backend, None, result, None,
-                    _context(recvbuf if recvbuf is not None else sendbuf))
+                _context(recvbuf if recvbuf is not None else sendbuf))
 
 
 def _broadcast(rank, size, buf, root) -> Call:
@@ -170,7 +170,7 @@ def _broadcast(rank, size, buf, root) -> Call:
     target = _array(buf, "buf", writable=rank != root)
     backend = _backend(target, "buf", None)
     return Call(Collective("broadcast", (), root), target.size, target[:0], target, False, backend, None, buf, None,
-                    _context(buf))
+                _context(buf))
 
 
 def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Call:
@@ -186,7 +186,7 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Call:
     collective = Collective("reduce", (), root)
     if rank != root:  # its recvbuf, if any, is not looked at, as in MPI
         return Call(collective, source.size, source, source[:0], False, backend, reduce_op, None, None,
-                        _context(sendbuf))
+                    _context(sendbuf))
     if inplace:
         target, result = source, recvbuf
     elif recvbuf is None:
@@ -195,7 +195,7 @@ def _reduce(rank, size, sendbuf, recvbuf, op, root) -> Call:
     else:
         target, result = _receiving(recvbuf, source, backend, reduce_op, source.size, "the result"), recvbuf
     return Call(collective, source.size, source, target, inplace, backend, reduce_op, result, None,
-                    _context(recvbuf if recvbuf is not None else sendbuf))
+                _context(recvbuf if recvbuf is not None else sendbuf))
 
 
 def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Call:
@@ -220,7 +220,7 @@ def _alltoall(rank, size, sendbuf, recvbuf, counts=None) -> Call:
     if sending < source.size:  # counts that leave the end of sendbuf out
         source = source[:sending]
     return Call(collective, sum(collective.counts), source, target, False, backend, None, result, None,
-                    _context(recvbuf if recvbuf is not None else sendbuf))
+                _context(recvbuf if recvbuf is not None else sendbuf))
 
 
 def counts_of(comm, algorithm, segment, check, sendbuf, recvbuf, sendcounts,
