@@ -625,11 +625,14 @@ def test_persistent_collectives_give_mpi_s_result_at_every_start(comm, monkeypat
                 ringtree.reduce_init(np.arange(5) * (rank + 1), total if rank == n - 1 else None, root=n - 1, comm=comm)]
     # The Starts past the first take the start kept for their arrays, as the i-functions do; a list of
     # counts, which may change in place, keeps the reduce-scatter's off it (again.BY_VALUE).
-    one_path = []
+    one_path, run = [], persistent.run
+
+    def counted_run(name, *arguments):
+        one_path.append(name)
+        return run(name, *arguments)
     for turn in range(4):
         if turn == 2:
-            monkeypatch.setattr(persistent, "run", lambda *arguments, run=persistent.run: (
-                one_path.append(arguments[0]), run(*arguments))[1])
+            monkeypatch.setattr(persistent, "run", counted_run)
         blocks[:], gathered[:], total[:] = -1, -1, -1
         for request in requests:
             request.Start()

@@ -180,7 +180,7 @@ class _NewResult(_Again):
     def ran_into(self, buffers, comm, algorithm):
         """Where `buffers` (the public function's, its result among them) are a call of this shape into a
         result array given, the call run into it, which it returns; else MISSED."""
-        returned = self.returned
+        returned = self.returned  # _compared(), inlined: a frame costs an 8 B call
         first, second, third = (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
         return self.ran(first, second, third, comm, algorithm, buffers[returned])
 
@@ -222,10 +222,13 @@ def started_again(name, comm, algorithm, buffers):
     there as the i-function does), and its Request; MISSED where none is kept or the call is not its."""
     returned, last = COLLECTIVES[name].returned_argument, SESSIONS.kept
     kept = (last[1] if comm is last[0] else kept_runs(comm))["i" + name].get(id(buffers[returned]))
-    if kept is None:
-        return MISSED
-    first, second, third = (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
-    return kept.ran(first, second, third, comm, algorithm)
+    return MISSED if kept is None else kept.ran(*_compared(buffers, returned), comm, algorithm)
+
+
+def _compared(buffers, returned: int) -> tuple:
+    """The three arguments a kept run compares (first, second, third): a public function's `buffers` but
+    the one it returns (at `returned`), None for those it lacks."""
+    return (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
 
 
 def would_keep_into_given(state, first, result) -> bool:
@@ -274,17 +277,18 @@ def keep_again(name, blocking: bool, buffers, result, nbytes: int, algorithm, co
     if nbytes > largest or not may_keep(state, blocking):
         return
     returned = COLLECTIVES[name].returned_argument
-    own, others = buffers[returned], buffers[:returned] + buffers[returned + 1:]
+    own = buffers[returned]
     if result is not None and (result is not own or type(result) is not NDARRAY):  # None: a reduce's others'
         return
-    if not all(type(value) in BY_ID or type(value) in BY_VALUE for value in others):
+    if not all(type(value) in BY_ID or type(value) in BY_VALUE for at, value in enumerate(buffers) if at != returned):
         return
     if after is not None:
         run = partial(_then, run, after)
-    kept, first = state.again[name if blocking else "i" + name], others[0]
+    kept, arguments = state.again[name if blocking else "i" + name], _compared(buffers, returned)
     if len(kept) >= AGAIN_ENTRIES:
         kept.clear()
-    entry = _Again(result, (*others, None, None)[:3], algorithm, comm, state,
+    first = arguments[0]
+    entry = _Again(result, arguments, algorithm, comm, state,
                    first.dtype if type(first) is NDARRAY else None, native or not blocking, run, what, confirm)
     # those of the same arguments replaced, and those of another result (a reduce's at a root and not:
     # a public function returns the first's)
@@ -326,8 +330,8 @@ def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, conf
     run = native_on(own, state, call, what)  # of (source, target)
     if None in places or run is None:
         return
-    arguments = buffers if given is first else buffers[:returned] + buffers[returned + 1:]
-    entry = _NewResult((*arguments, None, None)[:3], call.result, places, algorithm, comm, state, run, what, confirm,
+    arguments = (*buffers, None, None)[:3] if given is first else _compared(buffers, returned)  # a broadcast's: all
+    entry = _NewResult(arguments, call.result, places, algorithm, comm, state, run, what, confirm,
                        into_given, returned)
     kept, key = state.again[name], INTO_GIVEN if into_given else id(None)
     # other shapes' behind it (a loop may take turns); it replaces its own shape's, and a reduce's
