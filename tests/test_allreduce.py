@@ -274,6 +274,35 @@ def test_segment_sizes_change_nothing_in_the_result(comm, algorithm):
     assert_everywhere(comm, failures)
 
 
+@pytest.mark.parametrize("made", ["first on a new communicator", "in check mode"])
+def test_a_call_that_waits_for_the_ranks_while_an_iallreduce_is_in_flight_lets_it_progress(comm, made):
+    """A call that waits for every rank before it moves data (a communicator's set-up at its first call, check
+    mode's comparison), made by one rank before it waits for an iallreduce in flight and by the others
+    after: its wait moves the iallreduce, which the others wait in for this rank's part, so neither
+    waits forever; both results are MPI's own."""
+    rank, size = comm.rank, comm.size
+    busy, fresh, failures = comm.Dup(), comm.Dup(), []
+    data = np.full(4, rank + 1, np.int64)
+    iallreduce(np.ones(4, np.int64), comm=busy).wait()  # set up, so that only the call below is a first
+    request = iallreduce(np.full(1 << 18, rank, np.int64), comm=busy, algorithm="ring", segment=1 << 14)
+
+    def call():
+        return allreduce(data, comm=fresh) if made.startswith("first") else allreduce(data, comm=busy, check=True)
+    if rank == 0:
+        got = call()
+        total = request.wait()
+    else:
+        total = request.wait()
+        got = call()
+    expected = np.empty_like(data)
+    comm.Allreduce(data, expected)
+    if not np.array_equal(got, expected) or not (total == size * (size - 1) // 2).all():
+        failures.append(f"{got} != {expected}, or the iallreduce in flight went wrong")
+    assert_everywhere(comm, failures)
+    busy.Free()
+    fresh.Free()
+
+
 def test_blocking_allreduce_while_others_are_in_flight_waited_in_another_order(comm):
     # A small blocking allreduce must keep earlier nonblocking ones moving: here rank 0 runs it
     # before waiting on a large pipelined iallreduce, while the other ranks wait on that first.

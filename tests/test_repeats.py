@@ -107,6 +107,7 @@ def _arrays(count: int, sets: int = 1):
 
 
 SMALL = ["allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
+ROOTED = ("broadcast", "reduce")
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -352,26 +353,30 @@ def _new_result_call(name, send, root=0, **given):
     return (call(send, root=root, **given) if name == "reduce" else call(send, **given)), expected
 
 
-@pytest.fixture
-def mpi_s_own_everywhere(comm, tmp_path, monkeypatch):
-    """A tuning table (RINGTREE_TUNING_FILE) whose rules take MPI's own for every collective at every
-    size, in force for the communicators set up until the test ends."""
+@pytest.fixture(params=["native", "schedule"], ids=["MPI's own", "a schedule"])
+def one_way_everywhere(request, comm, tmp_path, monkeypatch):
+    """A tuning table (RINGTREE_TUNING_FILE) whose rules take one way for every collective at every size:
+    MPI's own, or the first of ringtree's algorithms of each (a small call of which runs a step at a
+    time), in force for the communicators set up until the test ends."""
     from ringtree import settings
     from ringtree.algorithms import REGISTRY
     from ringtree.tuning import selector
 
-    native = {"bytes": [0, None], "algorithm": "native", "segment": 0}
-    table = {"format": selector.FORMAT, "note": "MPI's own everywhere",
-             "rules": [{**native, "ranks": [1, 1024], "without_native": {"algorithm": "ring", "segment": 0}}],
-             "collectives": {name: {str(comm.size): {"rules": [native], "without_native": [
+    def rule(name):
+        algorithm = "native" if request.param == "native" else next(iter(REGISTRY[name]))
+        return {"bytes": [0, None], "algorithm": algorithm, "segment": 0}
+
+    table = {"format": selector.FORMAT, "note": f"{request.param} everywhere",
+             "rules": [{**rule("allreduce"), "ranks": [1, 1024], "without_native": {"algorithm": "ring", "segment": 0}}],
+             "collectives": {name: {str(comm.size): {"rules": [rule(name)], "without_native": [
                  {"bytes": [0, None], "algorithm": next(iter(algorithms)), "segment": 0}]}}
                  for name, algorithms in REGISTRY.items() if name != "allreduce"}}
-    path = tmp_path / "native.json"
+    path = tmp_path / "table.json"
     path.write_text(json.dumps(table))
     monkeypatch.setenv("RINGTREE_TUNING_FILE", str(path))
     settings.reload()
     selector.use_table(None)
-    yield
+    yield request.param
     monkeypatch.delenv("RINGTREE_TUNING_FILE")
     settings.reload()
     selector.use_table(None)
@@ -379,9 +384,10 @@ def mpi_s_own_everywhere(comm, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"])
 def test_calls_on_new_arrays_each_take_their_shape_s_run_for_every_collective_with_mpi_s_result(
-        comm, name, monkeypatch, mpi_s_own_everywhere):
+        comm, name, monkeypatch, one_way_everywhere):
     """A loop of small calls into a new result each call (a broadcast: on a new buffer each call) that run
-    MPI's own: after the first calls none goes the full path (again._NewResult, kept by the shape),
+    MPI's own or a step at a time: after the first calls none goes the full path (again._NewResult,
+    kept by the shape), but a rooted call of a schedule, which compares its arguments each call;
     every result exactly MPI's; then calls that differ from the shape's (dtype, shape, a strided view,
     a read-only input, another root) give MPI's result too, and a strided one is refused as a first call is."""
     entered, failures = _full_paths(monkeypatch), []
@@ -396,7 +402,7 @@ def test_calls_on_new_arrays_each_take_their_shape_s_run_for_every_collective_wi
         if (got is None) != (expected is None) or (got is not None and not np.array_equal(got.reshape(-1), expected)):
             failures.append(f"call {call}: {got} != {expected}")
             break
-    if full:
+    if full and not (name in ROOTED and one_way_everywhere == "schedule"):
         failures.append(f"{full} of the last 50 calls went the full path")
     read_only = np.arange(2 * size, dtype=np.int64) + rank
     read_only.flags.writeable = False
@@ -450,10 +456,11 @@ def _into(name, send, recv, comm, root=0):
 
 @pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "reduce", "alltoall"])
 def test_calls_on_new_arrays_into_a_new_result_given_take_their_shape_s_run_with_mpi_s_result(
-        comm, name, monkeypatch, mpi_s_own_everywhere):
+        comm, name, monkeypatch, one_way_everywhere):
     """A loop of small calls of a new input into a result array given but new each call, that run MPI's
-    own: after the first calls none goes past the shape's kept run (again._NewResult.ran_into), every
-    result exactly MPI's; then a result of another dtype or shape, a read-only one, and one that
+    own or a step at a time: after the first calls none goes past the shape's kept run
+    (again._NewResult.ran_into), but a rooted call of a schedule, which compares its arguments each
+    call; every result exactly MPI's; then a result of another dtype or shape, a read-only one, and one that
     overlaps the input are refused as a first call's are."""
     entered, failures = _past_kept_runs(monkeypatch), []
     local = comm.Dup()
@@ -472,7 +479,7 @@ def test_calls_on_new_arrays_into_a_new_result_given_take_their_shape_s_run_with
                                                                         not np.array_equal(got, expected))):
             failures.append(f"call {call}: {got} != {expected}")
             break
-    if full:
+    if full and not (name in ROOTED and one_way_everywhere == "schedule"):
         failures.append(f"{full} of the last 50 calls went past the kept run")
     send = np.arange(2 * size, dtype=np.int64) + rank
     read_only = np.empty(sizes.get(name, 2 * size), np.int64)
@@ -485,5 +492,34 @@ def test_calls_on_new_arrays_into_a_new_result_given_take_their_shape_s_run_with
         whole = np.arange(4 * size, dtype=np.int64) + rank
         with pytest.raises(ValueError, match=f"on rank {rank}: .*overlap"):
             _into(name, whole[:2 * size], whole[size:3 * size], local)
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"])
+def test_calls_on_new_arrays_with_a_collective_in_flight_let_it_progress_with_mpi_s_result(
+        comm, name, one_way_everywhere):
+    """Calls into a new result each call whose shape's run is kept (again._NewResult), made while an
+    iallreduce is in flight, by one rank before it waits for it and by the others after: none waits
+    for the other's call without moving the collective in flight (a run a step at a time would take
+    its messages, or leave the ranks waiting on each other), and every result is MPI's own."""
+    local, failures = comm.Dup(), []
+    rank, size = comm.rank, comm.size
+    for call in range(20):
+        _new_result_call(name, np.arange(2 * size, dtype=np.int64) + call, comm=local)
+    send = np.arange(2 * size, dtype=np.int64) * (rank + 1)
+    _, expected = _new_result_call(name, send.copy(), comm=local)  # MPI's own, before anything is in flight
+    call = getattr(ringtree, name)
+    request = ringtree.iallreduce(np.full(1 << 18, rank, np.int64), comm=local, algorithm="ring", segment=1 << 14)
+    if rank == 0:
+        got = call(send.copy(), comm=local)
+        total = request.wait()
+    else:
+        total = request.wait()
+        got = call(send.copy(), comm=local)
+    if not (total == size * (size - 1) // 2).all():
+        failures.append("the iallreduce in flight went wrong")
+    if (got is None) != (expected is None) or (got is not None and not np.array_equal(got.reshape(-1), expected)):
+        failures.append(f"{got} != {expected}")
     assert_everywhere(comm, failures)
     local.Free()

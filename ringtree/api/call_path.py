@@ -3,7 +3,7 @@ builds its plan (kept per call shape in its communicator's session) and runs, bl
 public functions are each a line over `run`. What a call shares with the calls before it, kept in the
 session, the shortest way first: its run bound to the same small arrays (again.kept_runs, which the
 public functions look up), the same arguments (shapes.py: `repeats`), other arrays of an arrangement
-seen before (shapes.of_arrangement; an allreduce's: repeat_of), a shape seen before (`shapes`).
+seen before (shapes.of_arrangement), a shape seen before (`shapes`).
 docs/design.md, "The call path"."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..runtime.checks.refusal import refusing
 from ..runtime.engine.empty import EmptyCall
 from ..runtime.engine.in_flight import IN_FLIGHT
 from ..runtime.engine.mpi_calls import native_start
-from ..runtime.engine.native import NativeInFlight, native_runner, run_native, run_started, start_native
+from ..runtime.engine.native import NativeInFlight, native_runner, run_started, start_native
 from ..runtime.engine.roots import ROOTS_SHOWN_MAX, showing_roots, shows_roots
 from ..runtime.engine.stepwise import may_step
 from ..runtime.safety.mismatch import signature
@@ -31,10 +31,9 @@ from ..runtime.session.one_caller import in_call
 from ..runtime.session.plan import build_plan
 from ..runtime.session.shapes import (
     REPEATS_MAX,
-    arguments_key,
+    arguments_keys,
     keep_shape,
     of_arrangement,
-    repeat_of,
     seen_before,
     shape_key,
 )
@@ -76,22 +75,12 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
     state = existing_state(comm)  # None before its first call
     if len(buffers) == 4 and COLLECTIVES[name].matrix:  # given counts: the count matrix, which the repeats' key holds
         buffers = with_count_matrix(comm, algorithm, segment, check, timeout, buffers)
-    if name == "allreduce":
+    if name == "allreduce" and kept:
         sendbuf, recvbuf, op = buffers
-        if kept and (not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None)):
+        if not is_plain_call(sendbuf, recvbuf) or (type(op) is not str and known_op(op) is None):
             return _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recvbuf, op)
-        # A new result array, so that a call shape seen before finds its plan (repeat_of) whatever the arrays
-        made = np.empty_like(sendbuf) if recvbuf is None and type(sendbuf) is NDARRAY else None
-        hit = None if state is None else repeat_of(state, sendbuf, recvbuf if made is None else made, op, comm,
-                                                   algorithm, segment, check, timeout, blocking)
-        if hit is not None and made is None and not (blocking and hit[0].native is not None
-                                                     and again.would_keep_into_given(state, sendbuf, recvbuf)):
-            return _shape_repeat(hit, blocking, kept, buffers, algorithm, comm)
-        # into a new result, not bound to it; a native shape's run is kept by its shape (_bound) unless one is
-        if hit is not None and made is not None and (not blocking or hit[0].native is None
-                                                     or id(None) in state.again["allreduce"]):
-            return _shape_repeat(hit, blocking, False, (sendbuf, made, op), algorithm, comm)
-    key = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else None
+    key, arranged = arguments_keys(name, blocking, comm, algorithm, segment, check, timeout, buffers) if kept else (
+        None, None)
     repeat = state.repeats.get(key) if key is not None and state is not None else None
     if repeat is not None:
         for array, dtype, written in repeat.arrays:  # a loop: a generator's set-up costs more than the few arrays
@@ -99,7 +88,7 @@ def _called(name, blocking, comm, algorithm, segment, check, timeout, buffers, k
                 repeat = None
                 break
     if repeat is None:
-        repeat = _first(state, name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept)
+        repeat = _first(state, name, blocking, comm, algorithm, segment, check, timeout, buffers, key, arranged, kept)
         if type(repeat) is tuple:  # ran to its end already: (its result,)
             return repeat[0]
     else:
@@ -162,29 +151,26 @@ def _converted(blocking, comm, algorithm, segment, check, timeout, sendbuf, recv
                           algorithm, timeout)
 
 
-def _shape_repeat(hit, blocking: bool, kept: bool, buffers, algorithm, comm):
-    """An allreduce of a shape seen before (shapes.repeat_of's `hit`), run; bound to its arrays once
-    they come again (as _first binds)."""
-    plan, state, steps, source, target, inplace, seen = hit
-    recvbuf, what = buffers[1], plan.what
-    kept = kept and seen_before(seen, (id(buffers[0]), id(recvbuf), id(buffers[2])), buffers)
-    if not blocking:
-        start = partial(_started, plan, state, source, target, inplace, what, recvbuf)
-        if kept:
-            again.keep_again("allreduce", False, buffers, recvbuf, target.nbytes, algorithm, comm, state, start, None, what,
-                       None)
-        return start()
-    if plan.native is None:
-        run = again.steps_runner(plan, state, steps, source, target)
-    elif kept:  # memoryviews made once pay off for arrays the next call brings again
-        run = native_runner(plan.native, state, source, target, inplace)
-    else:
-        run = partial(run_native, plan.native, state, source, target, inplace)
-    if kept:
-        again.keep_again("allreduce", True, buffers, recvbuf, target.nbytes, algorithm, comm, state, run, None, what,
-                   confirm_end, plan.native is not None)
-    watched(run, what)
-    return recvbuf
+def _unbound(shape: Call, source, target, result, blocking: bool):
+    """A call of `shape`, which runs ringtree's schedule, on arrays of this call alone (new arrays of an
+    arrangement seen before), run a step at a time where it may, else started, with nothing bound to
+    them (arrays that come again are bound the full way: shapes.seen_before): its result, or its Request."""
+    plan, state, inplace = shape.plan, shape.state, shape.inplace
+    steps = _steps_of(shape) if blocking else None
+    if steps is not None and may_step(state, None):
+        watched(again.steps_runner(plan, state, steps, source, target), shape.what)
+        return result
+    request = Request(plan.start(state, source, target, inplace, shape.timeout), result)
+    return request.wait() if blocking else request
+
+
+def _steps_of(shape: Call) -> tuple | None:
+    """The compiled steps a blocking call of `shape` may run a step at a time (none with a timeout: its
+    waits keep none), or None."""
+    plan = shape.plan
+    if plan.bound is None or shape.timeout is not None:
+        return None
+    return plan.in_place_steps if shape.inplace else plan.steps
 
 
 def _started(plan, state, source, target, inplace: bool, what, result, start=None) -> Request:
@@ -194,23 +180,28 @@ def _started(plan, state, source, target, inplace: bool, what, result, start=Non
                    plan.start(state, source, target, inplace, None), result)
 
 
-def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buffers, key, kept):
+def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buffers, key, arranged, kept):
     """A call past the repeat paths (`known`: its communicator's state, if set up): on arrays of an
     arrangement seen before, only what they can fail checked (of_arrangement); else its arguments checked
     and what it shares with the calls of its shape looked up (the session's `shapes`), else found or made
     (its plan among them); bound to its arrays (_bound). A call it runs to its end or starts itself (a small
     allreduce of device memory through host memory, a call with no element): (its result or Request,)."""
-    arranged = arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, True) if key is not None else None
     hit = of_arrangement(known, arranged, buffers, key) if arranged is not None and known is not None else None
     if hit is not None:
-        if hit[0].comparison is not None:
-            _agree(hit[0])
-        return _bound(*hit, name, blocking, buffers, None, False, algorithm, segment, check, comm)
+        shape, source, target, result = hit
+        if shape.comparison is not None:
+            _agree(shape)
+        if shape.plan.native is None and not (_steps_of(shape) is not None and blocking
+                                              and again.new_result_key(name, buffers) not in known.again[name]):
+            return (_unbound(shape, source, target, result, blocking),)  # else the way that keeps it by its shape
+        call = Call(shape.collective, shape.count, source, target, shape.inplace, shape.backend, shape.reduce_op,
+                    result, None, None)  # its checked arguments alone: no after, no context (arrangement_of)
+        return _bound(shape, call, name, blocking, buffers, None, False, algorithm, segment, check, comm)
     given = timeout
     call, state, current, timeout = checked(name, comm, timeout, partial(checked_call, name, comm, algorithm,
                                                                          segment, check, *buffers))
     if key is not None and arranged is None:  # the first call: its checks read the settings its key names
-        arranged = arguments_key(name, blocking, comm, algorithm, segment, check, given, buffers, True)
+        arranged = arguments_keys(name, blocking, comm, algorithm, segment, check, given, buffers)[1]
     if (name == "allreduce" and call.backend.staged and call.count * call.source.dtype.itemsize <= current.gpu_host_max
             and transport_for(state, call.backend) is None):
         return (_through_host(call, blocking, comm, algorithm, segment, check, timeout, buffers[2]),)
@@ -330,8 +321,8 @@ def _bound(shape: Call, call: Call, name, blocking, buffers, key, kept, algorith
             elif run is not None or (steps is not None and may_step(state, None)):
                 again.keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
-        if blocking and plan.native is not None:  # for the calls of its shape on new arrays
-            again.keep_new_result(name, buffers, call, algorithm, comm, state, plan.native, repeat.what, confirm_end)
+        if blocking and (plan.native is not None or steps is not None):  # for the calls of its shape on new arrays
+            again.keep_new_result(name, buffers, call, algorithm, comm, state, plan, repeat.what, confirm_end)
     if (key is not None and trial is None and again.may_keep(state, blocking)  # else bound when the arrays come again
             and (call.result is None or any(written for *_, written in arrays))):
         repeats = state.repeats

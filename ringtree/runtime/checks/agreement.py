@@ -20,6 +20,7 @@ from ...errors import MismatchError, TimeoutError
 from ...ops import ReduceOp
 from ...schedule.collectives import COLLECTIVES
 from ...words import counted
+from ..engine.in_flight import progress_others
 from ..safety.backoff import wait_until
 from ..safety.mismatch import Signature, differing
 from ..safety.reliability import whereabouts
@@ -85,9 +86,10 @@ def agree(state, record: np.ndarray, call: tuple, signature: Signature, timeout:
 
 
 def _compared(state, mine: np.ndarray, low: np.ndarray, seq: int, signature: Signature) -> None:
-    """MPI's own MIN allreduce of the records, polled, with a look for signs of a mismatch now and then."""
+    """MPI's own MIN allreduce of the records, polled while the collectives in flight progress (a rank may
+    wait in one for this rank's part), with a look for signs of a mismatch now and then."""
     request = state.comm.Iallreduce(mine, low, MPI.MIN)
-    wait_until(request.Test, watch=partial(_comparison_watch, state, seq, signature, request, mine, low))
+    wait_until(request.Test, progress_others, watch=partial(_comparison_watch, state, seq, signature, request, mine, low))
 
 
 def _comparison_watch(state, seq: int, signature: Signature, request, mine, low) -> Watch:

@@ -24,7 +24,7 @@ from ..safety.threads import THREADS, get_ident
 from .one_caller import intruded, one_caller
 from .state import SESSIONS, existing_state
 
-__all__ = ["kept_runs", "ran_into_given", "started_again", "would_keep_into_given", "INTO_GIVEN", "RECENT", "BY_ID",
+__all__ = ["kept_runs", "ran_into_given", "started_again", "INTO_GIVEN", "RECENT", "BY_ID",
            "BY_VALUE", "MISSED", "keep_again", "keep_new_result", "may_keep", "steps_runner", "place", "flat"]
 
 IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
@@ -118,7 +118,7 @@ class _Again:
 
 
 class _NewResult(_Again):
-    """A blocking call whose shape runs MPI's own, on arrays new at each call: into a new result
+    """A blocking call whose shape runs MPI's own or a step at a time, on arrays new at each call: into a new result
     (recvbuf None: a solver's dot product), into a result array given but new too (`into_given`: a
     loop's np.empty, or a fresh input into the same output), or, a broadcast's, on a new buffer. Kept
     by its shape, not its arrays (its session's again[name] at id(None), or INTO_GIVEN): a call of the
@@ -129,10 +129,10 @@ class _NewResult(_Again):
     __slots__ = ("shape", "made", "gives_first", "places", "writes_first", "whole", "into_given", "result_dtype",
                  "result_shape", "returned", "recent")
 
-    def __init__(self, arguments, result, places, algorithm, comm, state, run, what, confirm, into_given: bool,
-                 returned: int) -> None:
+    def __init__(self, arguments, result, places, algorithm, comm, state, native, run, what, confirm,
+                 into_given: bool, returned: int) -> None:
         first = arguments[0]
-        super().__init__(None, arguments, algorithm, comm, state, None, True, run, what, confirm)
+        super().__init__(None, arguments, algorithm, comm, state, None, native, run, what, confirm)
         self.first = None  # no array held: each call brings its own
         self.dtype, self.shape = first.dtype, first.shape
         self.into_given, self.returned = into_given, returned  # returned: the result's place among the arguments
@@ -160,7 +160,8 @@ class _NewResult(_Again):
                 and first.flags.c_contiguous and (first.flags.writeable or not self.writes_first)
                 and second is self.second and third is self.third
                 and (comm is self.comm or comm is None and self.world) and algorithm is self.algorithm
-                and self.thread == get_ident() and self.state.broken is None):  # another shape's, behind it?
+                and self.thread == get_ident() and self.state.broken is None
+                and (self.native or not IN_FLIGHT.running)):  # another shape's, behind it?
             return MISSED if self.other is None else self.other.ran(first, second, third, comm, algorithm, given)
         if self.into_given:
             result = self._given(first, given)
@@ -229,13 +230,6 @@ def _compared(buffers, returned: int) -> tuple:
     """The three arguments a kept run compares (first, second, third): a public function's `buffers` but
     the one it returns (at `returned`), None for those it lacks."""
     return (*buffers[:returned], *buffers[returned + 1:], None, None)[:3]
-
-
-def would_keep_into_given(state, first, result) -> bool:
-    """Whether a blocking call of MPI's own on `first` into `result`, a numpy array given apart from it,
-    that no run kept by its shape took (ran_into_given), would keep one (keep_new_result): then it takes
-    the path that keeps it, and binds arrays that come again."""
-    return type(first) is NDARRAY and first is not result and result.nbytes <= NATIVE_AGAIN_MAX and may_keep(state)
 
 
 def kept_runs(comm) -> dict[str, dict]:
@@ -312,32 +306,49 @@ def _chain(entry: _Again, previous: _Again | None, replaced) -> None:
     last.other = None
 
 
-def keep_new_result(name, buffers, call, algorithm, comm, state, own, what, confirm) -> None:
-    """Keep a blocking call of collective `name` on `buffers` whose shape runs MPI's own (`own`, its plan's
-    native.MPICollective), for the calls of its shape after it on new arrays (_NewResult): where its
-    result is a new array (recvbuf None), a broadcast's buffer, or a numpy array given apart from the
-    first, and the call (`call`, a collective_args.Call) holds views of its arrays and nothing else;
-    `confirm` as for keep_again."""
+def keep_new_result(name, buffers, call, algorithm, comm, state, plan, what, confirm) -> None:
+    """Keep a blocking call of collective `name` on `buffers` whose shape runs MPI's own (its `plan`'s
+    native) or a step at a time, for the calls of its shape after it on new arrays (_NewResult): where
+    its result is a new array (recvbuf None), a broadcast's buffer, or a numpy array given apart from
+    the first, and the call (`call`, a collective_args.Call) holds views of its arrays and nothing
+    else; `confirm` as for keep_again."""
     returned = COLLECTIVES[name].returned_argument
     first, given = buffers[0], buffers[returned]
     into_given = given is not None and given is not first
     if (type(first) is not NDARRAY or call.after is not None or call.context is not None or not may_keep(state)
-            or first.nbytes > NATIVE_AGAIN_MAX
+            or first.nbytes > (NATIVE_AGAIN_MAX if plan.native is not None else AGAIN_MAX)
             or (into_given and call.result is not None and (type(given) is not NDARRAY or call.result is not given))
             or not all(type(value) in BY_VALUE or type(value) in BY_ID for value in buffers)):
         return
     places = (place(call.source, (first, call.result)), place(call.target, (first, call.result)))
-    run = native_on(own, state, call, what)  # of (source, target)
+    run = native_on(plan.native, state, call, what) if plan.native is not None else _steps_on(plan, state, call)
     if None in places or run is None:
         return
     arguments = (*buffers, None, None)[:3] if given is first else _compared(buffers, returned)  # a broadcast's: all
-    entry = _NewResult(arguments, call.result, places, algorithm, comm, state, run, what, confirm,
-                       into_given, returned)
-    kept, key = state.again[name], INTO_GIVEN if into_given else id(None)
+    entry = _NewResult(arguments, call.result, places, algorithm, comm, state, plan.native is not None, run, what,
+                       confirm, into_given, returned)
+    kept, key = state.again[name], new_result_key(name, buffers)
     # other shapes' behind it (a loop may take turns); it replaces its own shape's, and a reduce's
     # others' run kept by their result array, None (keep_again)
     _chain(entry, kept.get(key), lambda previous: type(previous) is not _NewResult or previous.same_shape(entry))
     kept[key] = entry
+
+
+def new_result_key(name, buffers) -> int:
+    """The key a call of collective `name` on `buffers` (its public function's arguments) has among the
+    runs kept by their shape (_NewResult): INTO_GIVEN into a result array given apart from the first,
+    else that of None."""
+    given = buffers[COLLECTIVES[name].returned_argument]
+    return INTO_GIVEN if given is not None and given is not buffers[0] else id(None)
+
+
+def _steps_on(plan, state, call):
+    """The plan's steps (a stepwise plan's, with no timeout) as a function of (source, target), bound
+    to them at each call; None where the plan has none to run."""
+    steps = plan.in_place_steps if call.inplace else plan.steps
+    if plan.bound is None or steps is None:
+        return None
+    return lambda source, target: steps_runner(plan, state, steps, source, target)()
 
 
 def may_keep(state, blocking: bool = True) -> bool:

@@ -1,61 +1,64 @@
 """What calls share without being bound to their arrays, kept in their session: a call with its repeats
-on the same arguments (`repeats`, by their ids), and with the calls of its shape (`shapes`): by the checked shape, found after
-a call's checks, and by the arrangement of its arguments, found with only the checks that other
-arrays of the arrangement can fail (of_arrangement; repeat_of, an allreduce's own look-up by its
-checked shape). Runs bound to the arrays are again.py's; `docs/design.md`, "The call path".
+on the same arguments (`repeats`, by their ids), and with the calls of its shape (`shapes`): by the
+checked shape, found after a call's checks, and by the arrangement of its arguments, found with only
+the checks that other arrays of the arrangement can fail (of_arrangement). Runs bound to the arrays
+are again.py's; `docs/design.md`, "The call path".
 """
 
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from ... import settings
-from ...ops import known_op
-from ...schedule.ir import ALLREDUCE
-from ..engine.in_flight import IN_FLIGHT
 from .again import BY_ID, BY_VALUE, RECENT, flat, may_keep, place
 
-__all__ = ["REPEATS_MAX", "arguments_key", "shape_key", "of_arrangement", "keep_shape", "seen_before", "repeat_of"]
+__all__ = ["REPEATS_MAX", "arguments_keys", "shape_key", "of_arrangement", "keep_shape", "seen_before"]
 
-IN_PLACE, WORLD, NDARRAY = MPI.IN_PLACE, MPI.COMM_WORLD, np.ndarray
+NDARRAY = np.ndarray
 
-# A session's `repeats`: calls by their arguments' ids and values (arguments_key), what a call shares
-# with the calls after it on the same arguments. Its `shapes`: by a call's shape (shape_key), [what its
-# calls share but their arrays, the arguments of its last calls that ran unbound (seen_before)]; by its
-# arguments' arrangement (arguments_key, arranged), (its shape's entry, the arrangement: arrangement_of).
+# A session's `repeats`: calls by their arguments' ids and values (arguments_keys' key), what a call
+# shares with the calls after it on the same arguments. Its `shapes`: by a call's shape (shape_key),
+# [what its calls share but their arrays, the arguments of its last calls that ran unbound
+# (seen_before)]; by its arguments' arrangement (arguments_keys' arranged), (its shape's entry, the
+# arrangement: arrangement_of).
 REPEATS_MAX = 64  # entries, of each
 
 
-def arguments_key(name, blocking, comm, algorithm, segment, check, timeout, buffers, arranged=False) -> tuple | None:
-    """A call's key in its session's repeats, where its arrays are numpy's own and its other arguments plain values;
-    None for any other (tensors, buffer specifications). A blocking call and a started one differ: the
-    first may run through its plan's persistent request (native_runner). `arranged`: its key in `shapes`
-    by its arguments' arrangement instead, arrays by dtype, shape and which of them are one array, with
-    the settings (by identity: the entry holds them), for the calls on other arrays of it (of_arrangement);
-    None before the first call has read the settings."""
-    parts = [name, blocking, id(comm), algorithm, segment, check, timeout]
-    if arranged:
-        current = settings.cached()
-        if current is None:
-            return None
-        parts += ("arranged", id(current))
-        arrays = []
+def arguments_keys(name, blocking, comm, algorithm, segment, check, timeout, buffers) -> tuple:
+    """(key, arranged) of a call, where its arrays are numpy's own and its other arguments plain values;
+    (None, None) for any other (tensors, buffer specifications). `key`: its key in its session's repeats,
+    by its arrays' ids. A blocking call and a started one differ: the first may run through its plan's
+    persistent request (native_runner). `arranged`: its key in `shapes` by its arguments' arrangement,
+    arrays by dtype, shape and which of them are one array, with the settings (by identity: the entry
+    holds them), for the calls on other arrays of it (of_arrangement); None before the first call has
+    read the settings. One pass makes both: a call on new arrays looks up the one after the other."""
+    head = (name, blocking, id(comm), algorithm, segment, check, timeout)
+    ids, arranged, arrays = [], [], []
     for value in buffers:
         kind = type(value)
-        if arranged and kind is NDARRAY:
-            parts.append((value.dtype, value.shape, next((index for index, array in enumerate(arrays) if array is value),
-                                                         len(arrays))))
-            arrays.append(value)
-        elif kind in BY_ID:
-            parts.append(id(value))
-        elif kind in BY_VALUE:
-            parts.append(value)
-        elif (kind is list or kind is tuple) and all(type(item) is int for item in value):
-            parts.append(tuple(value))
-        else:
-            return None
-    return tuple(parts)
+        if kind is NDARRAY:
+            index = len(arrays)
+            for at, array in enumerate(arrays):  # a loop: a generator's set-up costs more than the few arrays
+                if array is value:
+                    index = at
+                    break
+            else:
+                arrays.append(value)
+            ids.append(id(value))
+            arranged.append((value.dtype, value.shape, index))
+            continue
+        if kind in BY_ID:
+            value = id(value)
+        elif kind is list or kind is tuple:
+            if not all(type(item) is int for item in value):
+                return None, None
+            value = tuple(value)
+        elif kind not in BY_VALUE:
+            return None, None
+        ids.append(value)
+        arranged.append(value)
+    current = settings.cached()
+    return head + tuple(ids), None if current is None else (*head, "arranged", id(current), *arranged)
 
 
 def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current, collective, count, dtype,
@@ -68,23 +71,22 @@ def shape_key(name, blocking, comm, algorithm, segment, check, timeout, current,
 
 
 def of_arrangement(state, arranged, buffers, key) -> tuple | None:
-    """(what the calls of its shape share, the call checked) of a call on numpy arrays of an arrangement
-    seen before on `state`'s communicator (its shapes by `arranged`, its arguments_key arranged; `key`,
-    its arguments_key), after
-    only the checks that other arrays of the arrangement can fail (rebound); None for the call to go
-    the way of its full checks, as also where its arguments are among those the shape's last calls
-    ran unbound with (seen_before), which that way binds to its arrays."""
+    """(what the calls of its shape share, the call's source, target and result) of a call on numpy arrays
+    of an arrangement seen before on `state`'s communicator (its shapes by `arranged`; `key`, its key
+    by its arrays' ids: arguments_keys), after only the checks that other arrays of the arrangement can
+    fail (rebound); None for the call to go the way of its full checks, as also where its arguments are
+    among those the shape's last calls ran unbound with (seen_before), which that way binds to its arrays."""
     found = state.shapes.get(arranged)
     if found is None:
         return None
     entry, arrangement = found
     if key in entry[1] or entry[0].state.broken is not None:
         return None
-    call = rebound(entry[0], arrangement, buffers)
-    if call is None:
+    arrays = rebound(arrangement, buffers)
+    if arrays is None:
         return None
     seen_before(entry, key, buffers)
-    return entry[0], call
+    return (entry[0], *arrays)
 
 
 def seen_before(entry, key, buffers) -> bool:
@@ -143,22 +145,23 @@ def arrangement_of(call, buffers) -> tuple | None:
     return places[0], places[1], made, written
 
 
-def rebound(shape, arrangement, buffers):
-    """The call of `shape` (its checked call with no arrays) on these buffers, so arranged (`arrangement`,
-    arrangement_of's), after only the checks other arrays of an arrangement can fail: C-contiguous,
-    writeable where written, distinct arrays apart; None where one fails (the call's full checks then
-    say what)."""
+def rebound(arrangement, buffers) -> tuple | None:
+    """(source, target, result) of a call on these buffers, so arranged (`arrangement`, arrangement_of's),
+    after only the checks other arrays of an arrangement can fail: C-contiguous, writeable where
+    written, distinct arrays apart; None where one fails (the call's full checks then say what)."""
     source, target, made, written = arrangement
     first = other = None
     for value in buffers:  # two arrays at most
         if type(value) is NDARRAY:
-            if not value.flags.c_contiguous:
-                return None
             if first is None:
-                first = value
+                first, first_flags = value, value.flags
+                if not first_flags.c_contiguous:
+                    return None
             elif value is not first:
-                other = value
-    if other is not None and not (first.flags.owndata and other.flags.owndata) and np.may_share_memory(first, other):
+                other, other_flags = value, value.flags
+                if not other_flags.c_contiguous:
+                    return None
+    if other is not None and not (first_flags.owndata and other_flags.owndata) and np.may_share_memory(first, other):
         return None
     for index in written:
         if not buffers[index].flags.writeable:
@@ -168,38 +171,4 @@ def rebound(shape, arrangement, buffers):
     else:
         result = np.empty(*made)
         buffers = (*buffers, result)
-    # a collective_args.Call of its checked arguments alone: no after, no context (arrangement_of)
-    return type(shape)(shape.collective, shape.count, flat(buffers, *source), flat(buffers, *target), shape.inplace,
-                       shape.backend, shape.reduce_op, result, None, None)
-
-
-def repeat_of(state, sendbuf, recvbuf, op, comm, algorithm, segment, check, timeout, blocking=True):
-    """The shortcut of a stepwise or native allreduce of a shape seen before (`state`'s shapes, as
-    call_path._first keys it) on the same communicator: same op, algorithm, dtype, size and in-place-ness, numpy arrays,
-    default segment, check and timeout. Only what may differ between such calls is checked: the arrays'
-    layout, writability and overlap. Returns (plan, state, steps, source, target, in place, its shapes
-    entry), or None for allreduce to check the call in full. A `blocking` call takes it only with
-    nothing in flight (the stepwise path)."""
-    if (type(recvbuf) is not NDARRAY or segment is not None or check is not None or timeout is not None
-            or type(algorithm) is not str or (blocking and IN_FLIGHT.running)):
-        return None
-    inplace = sendbuf is IN_PLACE or sendbuf is recvbuf
-    seen = state.shapes.get(shape_key("allreduce", blocking, WORLD if comm is None else comm, algorithm, None, None, None,
-                                settings.cached(), ALLREDUCE, recvbuf.size, recvbuf.dtype, known_op(op), inplace))
-    if seen is None:
-        return None
-    plan, state, flags = seen[0].plan, seen[0].state, recvbuf.flags
-    steps = plan.in_place_steps if inplace else plan.steps
-    if (not flags.carray or state.broken is not None  # carray: C-contiguous, writeable
-            or seen[0].comparison is not None or seen[0].timeout is not None
-            or (blocking and plan.native is None and (plan.bound is None or steps is None))):
-        return None
-    target = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-    if inplace:
-        return plan, state, steps, target, target, True, seen
-    if type(sendbuf) is not NDARRAY or sendbuf.dtype is not recvbuf.dtype or not flags.owndata:
-        return None
-    flags = sendbuf.flags
-    if not (flags.c_contiguous and flags.owndata) or sendbuf.shape != recvbuf.shape:
-        return None  # views may overlap, which allreduce checks
-    return plan, state, steps, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1), target, False, seen
+    return flat(buffers, *source), flat(buffers, *target), result

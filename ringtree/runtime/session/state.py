@@ -11,6 +11,7 @@ import hashlib
 import threading
 import time
 import weakref
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -29,7 +30,7 @@ from ..engine.native import free_plan
 from ..safety import stalls
 from ..safety.backoff import wait_until
 from ..safety.mismatch import TagLayout
-from ..safety.threads import THREADS, thread_token
+from ..safety.threads import thread_token
 
 NO_LAST = (object(), None)  # what no communicator, nor None, is
 
@@ -267,13 +268,9 @@ def _free(comm, keyval, state) -> int:
 
 
 def _wait(*requests, timeout, rank, name) -> None:
-    if timeout is None:
-        def wait() -> None:
-            if not THREADS.several:
-                MPI.Request.Waitall(requests)
-            else:  # other threads' collectives move meanwhile
-                wait_until(lambda: MPI.Request.Testall(requests), progress_others)
-        stalls.watched(wait, f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}")
+    if timeout is None:  # the collectives in flight move meanwhile: a rank may wait in one for this one's part
+        stalls.watched(partial(wait_until, lambda: MPI.Request.Testall(requests), progress_others),
+                       f"the first ringtree collective on {name} (it sets ringtree up there) on rank {rank}")
         return
     deadline = time.perf_counter() + timeout
 
@@ -286,7 +283,7 @@ def _wait(*requests, timeout, rank, name) -> None:
                                "collective has set the communicator up)")
         return False
 
-    wait_until(arrived)
+    wait_until(arrived, progress_others)
 
 
 def forget_waits_inside_mpi() -> None:
