@@ -156,21 +156,12 @@ def _unbound(shape: Call, source, target, result, blocking: bool):
     arrangement seen before), run a step at a time where it may, else started, with nothing bound to
     them (arrays that come again are bound the full way: shapes.seen_before): its result, or its Request."""
     plan, state, inplace = shape.plan, shape.state, shape.inplace
-    steps = _steps_of(shape) if blocking else None
+    steps = plan.stepwise_steps(inplace) if blocking and shape.timeout is None else None  # its waits keep none
     if steps is not None and may_step(state, None):
         watched(again.steps_runner(plan, state, steps, source, target), shape.what)
         return result
     request = Request(plan.start(state, source, target, inplace, shape.timeout), result)
     return request.wait() if blocking else request
-
-
-def _steps_of(shape: Call) -> tuple | None:
-    """The compiled steps a blocking call of `shape` may run a step at a time (none with a timeout: its
-    waits keep none), or None."""
-    plan = shape.plan
-    if plan.bound is None or shape.timeout is not None:
-        return None
-    return plan.in_place_steps if shape.inplace else plan.steps
 
 
 def _started(plan, state, source, target, inplace: bool, what, result, start=None) -> Request:
@@ -191,8 +182,8 @@ def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buff
         shape, source, target, result = hit
         if shape.comparison is not None:
             _agree(shape)
-        if shape.plan.native is None and not (_steps_of(shape) is not None and blocking
-                                              and again.new_result_key(name, buffers) not in known.again[name]):
+        keeps = blocking and shape.timeout is None and shape.plan.stepwise_steps(shape.inplace) is not None
+        if shape.plan.native is None and not (keeps and again.new_result_key(name, buffers) not in known.again[name]):
             return (_unbound(shape, source, target, result, blocking),)  # else the way that keeps it by its shape
         call = Call(shape.collective, shape.count, source, target, shape.inplace, shape.backend, shape.reduce_op,
                     result, None, None)  # its checked arguments alone: no after, no context (arrangement_of)
@@ -300,10 +291,9 @@ def _bound(shape: Call, call: Call, name, blocking, buffers, key, kept, algorith
             native, after = showing_roots(state, call, plan.native)
         elif run is None:
             native = native_start(call, plan.native)
-    if plan.bound is not None and timeout is None:  # stepwise waits keep none
-        compiled_steps = plan.in_place_steps if call.inplace else plan.steps
-        if compiled_steps is not None:
-            steps = again.steps_runner(plan, state, compiled_steps, call.source, call.target)
+    compiled_steps = plan.stepwise_steps(call.inplace) if timeout is None else None  # stepwise waits keep none
+    if compiled_steps is not None:
+        steps = again.steps_runner(plan, state, compiled_steps, call.source, call.target)
     arrays = tuple((value, value.dtype, value is call.result) for value in buffers if type(value) is NDARRAY)
     repeat = Call(call.collective, call.count, call.source, call.target, call.inplace, call.backend, call.reduce_op,
                   call.result, after, call.context, state, shape.signature, plan, shape.what, timeout, shape.comparison,

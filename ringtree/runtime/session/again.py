@@ -118,13 +118,14 @@ class _Again:
 
 
 class _NewResult(_Again):
-    """A blocking call whose shape runs MPI's own or a step at a time, on arrays new at each call: into a new result
-    (recvbuf None: a solver's dot product), into a result array given but new too (`into_given`: a
-    loop's np.empty, or a fresh input into the same output), or, a broadcast's, on a new buffer. Kept
-    by its shape, not its arrays (its session's again[name] at id(None), or INTO_GIVEN): a call of the
-    same other arguments, communicator and algorithm on C-contiguous numpy arrays of the same dtypes
-    and shapes, apart, runs the shape's plan on them (and a result made as the first call's was), and
-    returns the result."""
+    """A blocking call whose shape runs MPI's own or a step at a time, on arrays new at each call: into a
+    new result (recvbuf None: a solver's dot product), into a result array given but new too
+    (`into_given`: a loop's np.empty, or a fresh input into the same output), or, a broadcast's, on a
+    new buffer. Kept by its shape, not its arrays (its session's again[name] at id(None), or
+    INTO_GIVEN): a call of the same other arguments, communicator and algorithm on C-contiguous numpy
+    arrays of the same dtypes and shapes, apart, runs the shape's plan on them (and a result made as
+    the first call's was), and returns the result; a step at a time, only while no other collective
+    is in flight, whose messages a step's receive could take."""
 
     __slots__ = ("shape", "made", "gives_first", "places", "writes_first", "whole", "into_given", "result_dtype",
                  "result_shape", "returned", "recent")
@@ -345,8 +346,8 @@ def new_result_key(name, buffers) -> int:
 def _steps_on(plan, state, call):
     """The plan's steps (a stepwise plan's, with no timeout) as a function of (source, target), bound
     to them at each call; None where the plan has none to run."""
-    steps = plan.in_place_steps if call.inplace else plan.steps
-    if plan.bound is None or steps is None:
+    steps = plan.stepwise_steps(call.inplace)
+    if steps is None:
         return None
     return lambda source, target: steps_runner(plan, state, steps, source, target)()
 

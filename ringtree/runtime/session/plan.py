@@ -42,6 +42,11 @@ class Plan(NamedTuple):
     what: object = None  # the call as a stall warning names it (stalls.Call), made once by build_plan
     native: MPICollective | None = None  # MPI's own collective, where it runs the calls
 
+    def stepwise_steps(self, inplace: bool) -> tuple | None:
+        """The compiled steps a blocking call in place or not runs a step at a time; None where it runs
+        no step so (MPI's own, a split or asynchronous plan)."""
+        return None if self.bound is None else self.in_place_steps if inplace else self.steps
+
     def new_scratch(self) -> list:
         return [(self.backend.host_empty if is_host(name) else self.backend.empty)(size, self.dtype)
                 for name, size in self.compiled.schedule.scratch]

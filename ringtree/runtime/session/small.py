@@ -44,7 +44,7 @@ def stepwise_run(state, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp) 
     """The stepwise path's run of small_allreduce on these arrays, bound to them, and the call as a stall
     warning names it."""
     plan = _plan(state, recvbuf, op)
-    steps = plan.in_place_steps if sendbuf is recvbuf else plan.steps
+    steps = plan.stepwise_steps(sendbuf is recvbuf)
     return (steps_runner(plan, state, steps, sendbuf, recvbuf),
             Call(state, recvbuf.size, recvbuf.dtype, op.value, ALGORITHM, plan.peers))
 
