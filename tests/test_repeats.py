@@ -324,9 +324,9 @@ def test_calls_on_distinct_arrays_after_one_on_two_views_of_one_memory_give_mpi_
     local.Free()
 
 
-def _new_result_call(name, send, root=0, **given):
+def _new_result_call(name, send, root=0, started=False, **given):
     """ringtree's call `name` into a new result (a broadcast: on `send`, a new buffer), with MPI's own
-    result on the same inputs: (ours, MPI's)."""
+    result on the same inputs: (ours, MPI's); `started`: its i-function's, waited for."""
     comm = given["comm"]
     size, rank = comm.size, comm.rank
     if name == "broadcast":
@@ -349,8 +349,9 @@ def _new_result_call(name, send, root=0, **given):
     else:
         expected = np.empty_like(flat)
         comm.Alltoall(flat, expected)
-    call = getattr(ringtree, name)
-    return (call(send, root=root, **given) if name == "reduce" else call(send, **given)), expected
+    call = getattr(ringtree, "i" + name if started else name)
+    ours = call(send, root=root, **given) if name == "reduce" else call(send, **given)
+    return (ours.wait() if started else ours), expected
 
 
 @pytest.fixture(params=["native", "schedule"], ids=["MPI's own", "a schedule"])
@@ -417,6 +418,33 @@ def test_calls_on_new_arrays_each_take_their_shape_s_run_for_every_collective_wi
             failures.append(f"{what}: {got} != {expected}")
     with pytest.raises(ValueError, match=f"on rank {rank}: .* not contiguous"):
         _new_result_call(name, (np.arange(4 * size) + rank)[::2], comm=local)
+    assert_everywhere(comm, failures)
+    local.Free()
+
+
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "allgather", "reduce", "alltoall"])
+def test_started_calls_into_a_new_result_each_take_their_shape_s_start_with_mpi_s_result(
+        comm, name, monkeypatch, one_way_everywhere):
+    """A loop of small started calls into a new result each call, each waited for: after the first calls
+    none goes the full path (again._NewResult, kept by the shape under the i-function), but a reduce,
+    whose roots are compared at each call (a schedule's arguments, or MPI's own marks beside the data,
+    which that start lacks); every result exactly MPI's; then ranks that name different roots for a
+    reduce all raise MismatchError."""
+    entered, failures = _full_paths(monkeypatch), []
+    local, size, full = comm.Dup(), comm.size, 0
+    for call in range(60):
+        send = np.arange(2 * size, dtype=np.int64) * (comm.rank + 1) + call
+        entered.clear()
+        got, expected = _new_result_call(name, send, started=True, comm=local)
+        full += len(entered) if call >= 10 else 0
+        if (got is None) != (expected is None) or (got is not None and not np.array_equal(got.reshape(-1), expected)):
+            failures.append(f"call {call}: {got} != {expected}")
+            break
+    if full and name not in ROOTED:
+        failures.append(f"{full} of the last 50 calls went the full path")
+    if name == "reduce" and size > 1:  # ranks that name different roots all raise, as at a first call
+        with pytest.raises(ringtree.MismatchError, match=f"on rank {comm.rank}"):
+            ringtree.ireduce(np.arange(2 * size, dtype=np.int64), root=comm.rank % 2, comm=local).wait()
     assert_everywhere(comm, failures)
     local.Free()
 

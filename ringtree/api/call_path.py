@@ -171,6 +171,13 @@ def _started(plan, state, source, target, inplace: bool, what, result, start=Non
                    plan.start(state, source, target, inplace, None), result)
 
 
+def _started_on(shape: Call, plan, state, what, source, target, result) -> Request:
+    """The Request of a call of `shape` (its plan's) started on these arrays: again._NewResult's start."""
+    own = plan.native
+    return _started(plan, state, source, target, shape.inplace, what, result,
+                    None if own is None else native_start(shape, own, source, target))
+
+
 def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buffers, key, arranged, kept):
     """A call past the repeat paths (`known`: its communicator's state, if set up): on arrays of an
     arrangement seen before, only what they can fail checked (of_arrangement); else its arguments checked
@@ -182,9 +189,12 @@ def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buff
         shape, source, target, result = hit
         if shape.comparison is not None:
             _agree(shape)
-        keeps = blocking and shape.timeout is None and shape.plan.stepwise_steps(shape.inplace) is not None
-        if shape.plan.native is None and not (keeps and again.new_result_key(name, buffers) not in known.again[name]):
-            return (_unbound(shape, source, target, result, blocking),)  # else the way that keeps it by its shape
+        # a shape whose run on new arrays would be kept by it, but is not: the way that keeps it (_bound)
+        keeps = shape.timeout is None and (shape.plan.stepwise_steps(shape.inplace) is not None if blocking else
+                                           result is not buffers[0])
+        if shape.plan.native is None and not (keeps and again.new_result_key(name, buffers)
+                                              not in known.again[name if blocking else "i" + name]):
+            return (_unbound(shape, source, target, result, blocking),)
         call = Call(shape.collective, shape.count, source, target, shape.inplace, shape.backend, shape.reduce_op,
                     result, None, None)  # its checked arguments alone: no after, no context (arrangement_of)
         return _bound(shape, call, name, blocking, buffers, None, False, algorithm, segment, check, comm)
@@ -311,7 +321,10 @@ def _bound(shape: Call, call: Call, name, blocking, buffers, key, kept, algorith
             elif run is not None or (steps is not None and may_step(state, None)):
                 again.keep_again(name, True, buffers, call.result, nbytes, algorithm, comm, state, run or steps, after,
                            repeat.what, confirm_end, run is not None)
-        if blocking and (plan.native is not None or steps is not None):  # for the calls of its shape on new arrays
+        if not blocking:  # for the calls of its shape on new arrays; not one with an after (showing_roots)
+            again.keep_new_result(name, buffers, repeat, algorithm, comm, state, plan, repeat.what, None,
+                                  partial(_started_on, call, plan, state, repeat.what))
+        elif plan.native is not None or steps is not None:
             again.keep_new_result(name, buffers, call, algorithm, comm, state, plan, repeat.what, confirm_end)
     if (key is not None and trial is None and again.may_keep(state, blocking)  # else bound when the arrays come again
             and (call.result is None or any(written for *_, written in arrays))):

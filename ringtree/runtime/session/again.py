@@ -128,12 +128,13 @@ class _NewResult(_Again):
     is in flight, whose messages a step's receive could take."""
 
     __slots__ = ("shape", "made", "gives_first", "places", "writes_first", "whole", "into_given", "result_dtype",
-                 "result_shape", "returned", "recent")
+                 "result_shape", "returned", "recent", "started")
 
     def __init__(self, arguments, result, places, algorithm, comm, state, native, run, what, confirm,
-                 into_given: bool, returned: int) -> None:
+                 into_given: bool, returned: int, started: bool = False) -> None:
         first = arguments[0]
         super().__init__(None, arguments, algorithm, comm, state, None, native, run, what, confirm)
+        self.started = started  # run(source, target, result) starts the call and returns its Request
         self.first = None  # no array held: each call brings its own
         self.dtype, self.shape = first.dtype, first.shape
         self.into_given, self.returned = into_given, returned  # returned: the result's place among the arguments
@@ -172,11 +173,13 @@ class _NewResult(_Again):
             made = self.made
             result = np.empty(made, self.dtype) if made is not None else first if self.gives_first else None
         if self.whole and first.ndim == 1:  # the source the whole first array, the target the whole result
-            self._call(self.run, first, result)
+            source, target = first, result
         else:
-            arrays = (first, result)
-            source, target = self.places
-            self._call(self.run, flat(arrays, *source), flat(arrays, *target))
+            arrays, places = (first, result), self.places
+            source, target = flat(arrays, *places[0]), flat(arrays, *places[1])
+        if self.started:
+            return self._call(self.run, source, target, result)
+        self._call(self.run, source, target)
         return result
 
     def ran_into(self, buffers, comm, algorithm):
@@ -307,28 +310,31 @@ def _chain(entry: _Again, previous: _Again | None, replaced) -> None:
     last.other = None
 
 
-def keep_new_result(name, buffers, call, algorithm, comm, state, plan, what, confirm) -> None:
+def keep_new_result(name, buffers, call, algorithm, comm, state, plan, what, confirm, start=None) -> None:
     """Keep a blocking call of collective `name` on `buffers` whose shape runs MPI's own (its `plan`'s
-    native) or a step at a time, for the calls of its shape after it on new arrays (_NewResult): where
-    its result is a new array (recvbuf None), a broadcast's buffer, or a numpy array given apart from
-    the first, and the call (`call`, a collective_args.Call) holds views of its arrays and nothing
-    else; `confirm` as for keep_again."""
-    returned = COLLECTIVES[name].returned_argument
+    native) or a step at a time, or a started call given its `start` (a function of source, target and
+    result that starts it and returns its Request), for the calls of its shape after it on new arrays
+    (_NewResult): where its result is a new array (recvbuf None), a broadcast's buffer, or (a blocking
+    call's) a numpy array given apart from the first, and the call (`call`, a collective_args.Call)
+    holds views of its arrays and nothing else; `confirm` as for keep_again."""
+    returned, blocking = COLLECTIVES[name].returned_argument, start is None
     first, given = buffers[0], buffers[returned]
     into_given = given is not None and given is not first
-    if (type(first) is not NDARRAY or call.after is not None or call.context is not None or not may_keep(state)
-            or first.nbytes > (NATIVE_AGAIN_MAX if plan.native is not None else AGAIN_MAX)
+    if (type(first) is not NDARRAY or call.after is not None or call.context is not None
+            or not may_keep(state, blocking) or (into_given and not blocking)  # an i-function looks by None only
+            or first.nbytes > (NATIVE_AGAIN_MAX if blocking and plan.native is not None else AGAIN_MAX)
             or (into_given and call.result is not None and (type(given) is not NDARRAY or call.result is not given))
             or not all(type(value) in BY_VALUE or type(value) in BY_ID for value in buffers)):
         return
     places = (place(call.source, (first, call.result)), place(call.target, (first, call.result)))
-    run = native_on(plan.native, state, call, what) if plan.native is not None else _steps_on(plan, state, call)
+    run = (start if not blocking else native_on(plan.native, state, call, what) if plan.native is not None
+           else _steps_on(plan, state, call))
     if None in places or run is None:
         return
     arguments = (*buffers, None, None)[:3] if given is first else _compared(buffers, returned)  # a broadcast's: all
-    entry = _NewResult(arguments, call.result, places, algorithm, comm, state, plan.native is not None, run, what,
-                       confirm, into_given, returned)
-    kept, key = state.again[name], new_result_key(name, buffers)
+    entry = _NewResult(arguments, call.result, places, algorithm, comm, state, plan.native is not None or not blocking,
+                       run, what, confirm, into_given, returned, not blocking)
+    kept, key = state.again[name if blocking else "i" + name], new_result_key(name, buffers)
     # other shapes' behind it (a loop may take turns); it replaces its own shape's, and a reduce's
     # others' run kept by their result array, None (keep_again)
     _chain(entry, kept.get(key), lambda previous: type(previous) is not _NewResult or previous.same_shape(entry))
