@@ -189,13 +189,13 @@ def _first(known, name, blocking, comm, algorithm, segment, check, timeout, buff
         shape, source, target, result = hit
         if shape.comparison is not None:
             _agree(shape)
-        # a shape whose run on new arrays would be kept by it (_bound, keep_new_result), but is not: that way
-        kept_as = again.new_result_key(name, buffers)
-        keeps = shape.timeout is None and shape.comparison is None and (
-            shape.plan.stepwise_steps(shape.inplace) is not None if blocking else
-            kept_as == id(None) and result is not None)  # an i-function looks up a new result only
-        if shape.plan.native is None and not (keeps and kept_as not in known.again[name if blocking else "i" + name]):
-            return (_unbound(shape, source, target, result, blocking),)
+        if shape.plan.native is None:  # unbound, but a shape whose run on new arrays would be kept by it
+            kept_as = again.new_result_key(name, buffers)  # (_bound, keep_new_result) and is not: that way
+            keeps = shape.timeout is None and shape.comparison is None and (
+                shape.plan.stepwise_steps(shape.inplace) is not None if blocking else
+                kept_as == id(None) and result is not None)  # an i-function looks up a new result only
+            if not (keeps and kept_as not in known.again[name if blocking else "i" + name]):
+                return (_unbound(shape, source, target, result, blocking),)
         call = Call(shape.collective, shape.count, source, target, shape.inplace, shape.backend, shape.reduce_op,
                     result, None, None)  # its checked arguments alone: no after, no context (arrangement_of)
         return _bound(shape, call, name, blocking, buffers, None, False, algorithm, segment, check, comm)

@@ -317,9 +317,8 @@ def keep_new_result(name, buffers, call, algorithm, comm, state, plan, what, con
     (_NewResult): where its result is a new array (recvbuf None), a broadcast's buffer, or (a blocking
     call's) a numpy array given apart from the first, and the call (`call`, a collective_args.Call)
     holds views of its arrays and nothing else; `confirm` as for keep_again."""
-    returned, blocking = COLLECTIVES[name].returned_argument, start is None
-    first, given = buffers[0], buffers[returned]
-    into_given = given is not None and given is not first
+    returned, blocking, key = COLLECTIVES[name].returned_argument, start is None, new_result_key(name, buffers)
+    first, given, into_given = buffers[0], buffers[returned], key == INTO_GIVEN
     if (type(first) is not NDARRAY or call.after is not None or call.context is not None
             or not may_keep(state, blocking) or (into_given and not blocking)  # an i-function looks by None only
             or first.nbytes > (NATIVE_AGAIN_MAX if blocking and plan.native is not None else AGAIN_MAX)
@@ -334,7 +333,7 @@ def keep_new_result(name, buffers, call, algorithm, comm, state, plan, what, con
     arguments = (*buffers, None, None)[:3] if given is first else _compared(buffers, returned)  # a broadcast's: all
     entry = _NewResult(arguments, call.result, places, algorithm, comm, state, plan.native is not None or not blocking,
                        run, what, confirm, into_given, returned, not blocking)
-    kept, key = state.again[name if blocking else "i" + name], new_result_key(name, buffers)
+    kept = state.again[name if blocking else "i" + name]
     # other shapes' behind it (a loop may take turns); it replaces its own shape's, and a reduce's
     # others' run kept by their result array, None (keep_again)
     _chain(entry, kept.get(key), lambda previous: type(previous) is not _NewResult or previous.same_shape(entry))
